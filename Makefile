@@ -1,0 +1,25 @@
+# Two commands do all set-up on a fresh machine (README): `make serve` and `make test`.
+# The first install builds llama-cpp-python from source (~7 min on 2 cores); pip caches it.
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+
+.PHONY: serve test test-fast bench-serve
+
+$(STAMP): pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e ".[test]"
+	touch $(STAMP)
+
+serve: $(STAMP)  ## run the daemon on the embedded Gemma 3 270M model
+	$(VENV)/bin/clawd serve
+
+test: $(STAMP)  ## every test, the real-model (slow) ones included, as CI runs them
+	$(PY) -m pytest -m "slow or not slow"
+
+test-fast: $(STAMP)  ## the quick loop: everything but the real-model tests
+	$(PY) -m pytest
+
+bench-serve: $(STAMP)  ## serving speed through the daemon vs raw llama-cpp-python
+	$(PY) benchmarks/serve.py

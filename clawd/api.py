@@ -1,0 +1,231 @@
+"""HTTP routes: parse -> call -> serialize, nothing else.
+
+OpenAI-compatible routes under /v1, clawd's own under /clawd. Every error leaves as an
+OpenAI error object with the right status (CONVENTIONS.md §1), including malformed JSON
+and unknown routes; a bad request never reaches the engine and never gets a 5xx.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from clawd import __version__
+from clawd.chat import ChatService, TurnStream
+from clawd.errors import AuthError, ClawdError, InvalidRequest, NotFound
+from clawd.protocol import (ChatCompletionRequest, ModelCard, ModelList, SessionSummary, Status,
+                            TurnSummary)
+from clawd.store import turns
+from clawd.store.db import Database
+
+log = logging.getLogger(__name__)
+LOOPBACK = {"127.0.0.1", "::1", "localhost"}
+
+
+@dataclass
+class ApiState:
+    """What the routes need; built by the daemon."""
+
+    chat: ChatService
+    db: Database
+    token: str
+    require_token: bool
+    host: str
+    port: int
+    home: str
+    started: float = field(default_factory=time.time)
+    created: int = field(default_factory=lambda: int(time.time()))
+
+
+def _error(e: ClawdError) -> JSONResponse:
+    headers = {"Retry-After": str(getattr(e, "retry_after", 1))} if e.status == 503 else None
+    return JSONResponse(e.to_openai(), status_code=e.status, headers=headers)
+
+
+def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
+    err = exc.errors()[0] if exc.errors() else {}
+    if err.get("type") == "json_invalid":
+        return "We could not parse the JSON body of your request: send valid JSON.", None
+    loc = [str(p) for p in err.get("loc", ()) if p != "body"]
+    param = ".".join(loc) or None
+    if param is None:
+        return "The request body must be a JSON object with 'model' and 'messages'.", None
+    msg = err.get("msg", "invalid request")
+    return (f"Invalid value for '{param}': {msg}" if param else f"Invalid request: {msg}"), param
+
+
+def create_app(state: ApiState) -> FastAPI:
+    app = FastAPI(title="clawd", version=__version__,
+                  description="A local agent daemon that learns from your conversations.")
+    app.state.clawd = state
+
+    @app.exception_handler(ClawdError)
+    async def _clawd_error(_: Request, e: ClawdError):
+        return _error(e)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_: Request, exc: RequestValidationError):
+        msg, param = _validation_message(exc)
+        return _error(InvalidRequest(msg, param=param))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, exc: StarletteHTTPException):
+        if exc.status_code == 404:
+            return _error(NotFound("Unknown route: see /openapi.json for what this server serves."))
+        e = InvalidRequest(str(exc.detail))
+        e.status = exc.status_code
+        return _error(e)
+
+    @app.exception_handler(Exception)
+    async def _crash(_: Request, exc: Exception):
+        log.exception("unhandled error")
+        return _error(ClawdError(f"internal error: {exc}"))
+
+    def authorize(request: Request) -> None:
+        """Loopback clients are trusted unless require_token; anyone else needs the token."""
+        host = request.client.host if request.client else ""
+        if host in LOOPBACK and not state.require_token:
+            return
+        header = request.headers.get("authorization", "")
+        scheme, _, given = header.partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip(), state.token):
+            raise AuthError("Incorrect API key provided: send 'Authorization: Bearer <token>' "
+                            "with the token from `clawd token`.")
+
+    auth = [Depends(authorize)]
+
+    @app.post("/v1/chat/completions", dependencies=auth)
+    async def chat_completions(req: ChatCompletionRequest, request: Request):
+        client = request.headers.get("user-agent")
+        ts = await state.chat.start(req, request.headers, client=client)
+        headers = {"X-Clawd-Turn-Id": ts.id, "X-Clawd-Session-Id": ts.session_id}
+        if req.stream:
+            include_usage = bool(req.stream_options and req.stream_options.include_usage)
+            return StreamingResponse(_sse(ts, include_usage), media_type="text/event-stream",
+                                     headers={**headers, "Cache-Control": "no-cache",
+                                              "X-Accel-Buffering": "no"})
+        try:
+            text = "".join([piece async for piece in ts])
+            await _recorded(ts)
+        finally:
+            ts.cancel()  # no-op when finished; stops generation if this request was cancelled
+        if ts.error:
+            raise ts.error
+        body = {
+            "id": ts.id, "object": "chat.completion", "created": ts.created, "model": ts.model,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                         "logprobs": None, "finish_reason": _openai_finish(ts.finish_reason)}],
+            "usage": ts.usage.model_dump(),
+        }
+        return JSONResponse(body, headers=headers)
+
+    @app.get("/v1/models", response_model=ModelList, dependencies=auth)
+    async def models():
+        return ModelList(data=[ModelCard(id=state.chat.model_id, created=state.created)])
+
+    @app.get("/v1/models/{model_id:path}", response_model=ModelCard, dependencies=auth)
+    async def model(model_id: str):
+        if model_id != state.chat.model_id:
+            from clawd.errors import ModelNotFound
+            raise ModelNotFound(model_id)
+        return ModelCard(id=model_id, created=state.created)
+
+    @app.get("/clawd/health", dependencies=auth)
+    async def health():
+        return {"status": "ok"}
+
+    @app.get("/clawd/status", response_model=Status, dependencies=auth)
+    async def status():
+        import os
+
+        info = state.chat.runner.engine.info
+        return Status(
+            version=__version__, pid=os.getpid(), uptime_s=round(time.time() - state.started, 1),
+            host=state.host, port=state.port, model=info.id, model_path=str(info.path),
+            engine=state.chat.runner.engine.name, architecture=info.architecture, n_ctx=info.n_ctx,
+            chat_format=state.chat.format.name, active_adapter=state.chat.active_adapter(),
+            busy=state.chat.runner.busy, queued=state.chat.runner.queued,
+            turns=await turns.count_turns(state.db),
+            sessions=await turns.count_sessions(state.db),
+            db_path=str(state.db.path), home=state.home,
+        )
+
+    @app.get("/clawd/sessions", response_model=list[SessionSummary], dependencies=auth)
+    async def list_sessions(limit: int = 100):
+        rows = await turns.list_sessions(state.db, limit=limit)
+        return [SessionSummary(id=r["id"], created_at=r["created_at"], updated_at=r["updated_at"],
+                               title=r["title"], turns=r["turn_count"], done=bool(r["done"])) for r in rows]
+
+    @app.get("/clawd/sessions/{session_id}/turns", response_model=list[TurnSummary], dependencies=auth)
+    async def session_turns(session_id: str, limit: int = 100):
+        recs = await turns.list_turns(state.db, session_id=session_id, limit=limit)
+        return [_summary(r) for r in recs]
+
+    @app.get("/clawd/turns/{turn_id}", response_model=TurnSummary, dependencies=auth)
+    async def get_turn(turn_id: str):
+        rec = await turns.get_turn(state.db, turn_id)
+        if rec is None:
+            raise NotFound(f"No turn {turn_id!r}: turn ids come from the X-Clawd-Turn-Id header.")
+        return _summary(rec)
+
+    return app
+
+
+def _summary(r: turns.TurnRecord) -> TurnSummary:
+    return TurnSummary(
+        id=r.id, session_id=r.session_id, turn_type=r.turn_type, created_at=r.created_at,
+        request_messages=r.request.get("messages", []), response_text=r.response_text,
+        finish_reason=r.finish_reason, prompt_tokens=len(r.prompt_ids),
+        completion_tokens=len(r.response_ids), engine=r.engine, model=r.model,
+        adapter_id=r.adapter_id, requery_of=r.requery_of, timings=r.timings,
+    )
+
+
+def _openai_finish(reason: str | None) -> str:
+    """clawd's own end states (cancelled, error) are not OpenAI finish reasons."""
+    return reason if reason in ("stop", "length", "tool_calls", "content_filter") else "stop"
+
+
+async def _recorded(ts: TurnStream) -> None:
+    """Wait for the turn row, so a client that has the whole response can already send
+    feedback on its id. Shielded: a client going away must not abort the write."""
+    if ts.recorded is not None:
+        await asyncio.shield(ts.recorded)
+
+
+def _event(obj) -> str:
+    return f"data: {json.dumps(obj, ensure_ascii=False, separators=(',', ':'))}\n\n"
+
+
+async def _sse(ts: TurnStream, include_usage: bool):
+    """Server-sent events, one per token piece, flushed as produced."""
+    head = {"id": ts.id, "object": "chat.completion.chunk", "created": ts.created, "model": ts.model}
+    extra = {"usage": None} if include_usage else {}
+
+    def chunk(delta: dict, finish: str | None = None) -> str:
+        return _event({**head, "choices": [{"index": 0, "delta": delta, "logprobs": None,
+                                            "finish_reason": finish}], **extra})
+
+    try:
+        yield chunk({"role": "assistant", "content": ""})
+        async for piece in ts:
+            yield chunk({"content": piece})
+        if ts.error:
+            yield _event(ts.error.to_openai())
+        else:
+            yield chunk({}, _openai_finish(ts.finish_reason))
+            if include_usage:
+                yield _event({**head, "choices": [], "usage": ts.usage.model_dump()})
+        await _recorded(ts)
+        yield "data: [DONE]\n\n"
+    finally:
+        ts.cancel()

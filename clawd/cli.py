@@ -1,0 +1,208 @@
+"""`clawd` subcommands. Settings are resolved here, once, and passed down; every
+ClawdError becomes one line on stderr and exit code 1 (2 for usage errors)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import sys
+from collections.abc import Sequence
+
+from clawd import __version__
+from clawd.config import Settings, load_settings, settings_to_dict, write_default_config
+from clawd.errors import ClawdError
+from clawd.paths import Paths, ensure_dirs, resolve_paths
+
+
+def _setup(args) -> tuple[Settings, Paths]:
+    paths = resolve_paths(os.environ)
+    ensure_dirs(paths)
+    write_default_config(paths.config_file)
+    overrides = {
+        "server.host": getattr(args, "host", None),
+        "server.port": getattr(args, "port", None),
+        "model.path": getattr(args, "model", None),
+        "model.engine": getattr(args, "engine", None),
+    }
+    settings = load_settings(paths.config_file, os.environ, overrides)
+    logging.basicConfig(level=settings.log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for warning in paths.warnings:
+        logging.getLogger("clawd").warning(warning)
+    return settings, paths
+
+
+def cmd_serve(args) -> int:
+    from clawd import daemon, models
+
+    settings, paths = _setup(args)
+    choice = models.resolve_model(settings.model, paths)
+    print(f"clawd: loading {choice.id} from {choice.path}", file=sys.stderr)
+    engine = models.load_engine(settings.model, choice, top_k=settings.generation.top_k)
+
+    def ready(state, _server):
+        print(f"clawd: serving {state.chat.model_id} at http://{settings.server.host}:{state.port}/v1 "
+              f"(Ctrl-C to stop)", file=sys.stderr, flush=True)
+
+    asyncio.run(daemon.serve(settings, paths, engine, on_ready=ready))
+    return 0
+
+
+def _client(settings: Settings, paths: Paths):
+    import httpx
+
+    from clawd.token import read_token
+
+    host = settings.server.host
+    if host in ("0.0.0.0", "::"):
+        host = "127.0.0.1"
+    headers = {}
+    if paths.token_file.exists():
+        headers["Authorization"] = f"Bearer {read_token(paths.token_file)}"
+    base = f"http://{'[' + host + ']' if ':' in host else host}:{settings.server.port}"
+    return httpx.Client(base_url=base, headers=headers, timeout=5.0)
+
+
+def cmd_status(args) -> int:
+    import httpx
+
+    settings, paths = _setup(args)
+    try:
+        with _client(settings, paths) as c:
+            r = c.get("/clawd/status")
+            r.raise_for_status()
+            status = r.json()
+    except httpx.HTTPError as e:
+        status = {"running": False, "url": f"http://{settings.server.host}:{settings.server.port}",
+                  "reason": str(e) or type(e).__name__, "home": str(paths.config_dir)}
+        if args.json:
+            print(json.dumps(status, indent=2))
+        else:
+            print(f"clawd is not running at {status['url']} ({status['reason']}).")
+            print("Start it with `clawd serve`.")
+        return 3
+    status["running"] = True
+    if args.json:
+        print(json.dumps(status, indent=2))
+        return 0
+    rows = [
+        ("daemon", f"running, pid {status['pid']}, up {status['uptime_s']:.0f} s, "
+                   f"http://{status['host']}:{status['port']}/v1"),
+        ("model", f"{status['model']} ({status['architecture']}, {status['engine']}, "
+                  f"ctx {status['n_ctx']}, format {status['chat_format']})"),
+        ("model file", status["model_path"]),
+        ("adapter", status["active_adapter"] or "none (base model)"),
+        ("engine", ("busy" if status["busy"] else "idle") + f", {status['queued']} queued"),
+        ("logged", f"{status['turns']} turns in {status['sessions']} sessions"),
+        ("database", status["db_path"]),
+    ]
+    for k, v in rows:
+        print(f"{k:>11}  {v}")
+    return 0
+
+
+def cmd_models(args) -> int:
+    from clawd import models
+
+    settings, paths = _setup(args)
+    choice = models.resolve_model(settings.model, paths, prepare=False)
+    present = choice.path.is_file()
+    info = {"id": choice.id, "engine": settings.model.engine, "path": str(choice.path),
+            "embedded": choice.embedded, "present": present,
+            "size_bytes": choice.path.stat().st_size if present else None}
+    if present and settings.model.engine == "llamacpp":
+        info.update(_gguf_summary(choice.path))
+    if args.json:
+        print(json.dumps(info, indent=2))
+        return 0
+    print(f"{info['id']}  ({'embedded default' if choice.embedded else 'configured'}, engine {info['engine']})")
+    print(f"  file: {info['path']}")
+    if not present:
+        note = "unpacked on first `clawd serve`" if choice.embedded else "MISSING: fix model.path"
+        print(f"  {note}")
+    else:
+        print(f"  size: {info['size_bytes'] / 1e6:.1f} MB")
+        for key in ("architecture", "chat_template", "context_length"):
+            if key in info:
+                print(f"  {key.replace('_', ' ')}: {info[key]}")
+    return 0
+
+
+def _gguf_summary(path) -> dict:
+    """Read the header only (gguf package, memory-mapped): no model load."""
+    try:
+        from gguf import GGUFReader
+
+        reader = GGUFReader(path)
+    except Exception as e:  # any parse failure means: not a usable GGUF
+        return {"error": f"not a readable GGUF file ({e})"}
+
+    def value(key):
+        field = reader.fields.get(key)
+        return field.contents() if field is not None else None
+
+    arch = value("general.architecture")
+    return {"architecture": arch,
+            "context_length": value(f"{arch}.context_length"),
+            "chat_template": "yes" if value("tokenizer.chat_template") else "none (transcript format)"}
+
+
+def cmd_token(args) -> int:
+    from clawd.token import ensure_token
+
+    _, paths = _setup(args)
+    print(ensure_token(paths.token_file))
+    return 0
+
+
+def cmd_config(args) -> int:
+    settings, paths = _setup(args)
+    print(f"# {paths.config_file}")
+    print(json.dumps(settings_to_dict(settings), indent=2))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="clawd", description="A local agent daemon that learns from your conversations.")
+    p.add_argument("--version", action="version", version=f"clawd {__version__}")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    s = sub.add_parser("serve", help="run the daemon in the foreground")
+    s.add_argument("--host", help="listen address (default 127.0.0.1)")
+    s.add_argument("--port", type=int, help="listen port (default 8757)")
+    s.add_argument("--model", help="GGUF file to serve (default: the embedded Gemma 3 270M)")
+    s.add_argument("--engine", choices=["llamacpp", "fake"], help="inference engine")
+    s.set_defaults(func=cmd_serve)
+
+    s = sub.add_parser("status", help="what the running daemon is doing")
+    s.add_argument("--json", action="store_true", help="machine-readable output")
+    s.set_defaults(func=cmd_status)
+
+    s = sub.add_parser("models", help="which model is configured and where its file is")
+    s.add_argument("--json", action="store_true", help="machine-readable output")
+    s.set_defaults(func=cmd_models)
+
+    s = sub.add_parser("token", help="print the API bearer token (for non-loopback clients)")
+    s.set_defaults(func=cmd_token)
+
+    s = sub.add_parser("config", help="print the effective settings and the config file path")
+    s.set_defaults(func=cmd_config)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except ClawdError as e:
+        print(f"clawd: error: {e.message}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

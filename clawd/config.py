@@ -1,0 +1,318 @@
+"""clawd's settings: dataclasses with help text beside every default.
+
+Boundary: `load_settings` resolves the layers once — defaults < config.toml <
+CLAWD_<SECTION>_<FIELD> environment variables < explicit overrides (CLI flags) — and
+returns a frozen `Settings` that `cli.py` passes down. Nothing else reads config.toml
+or `os.environ`; the environment arrives here as a mapping. Every bad value becomes a
+one-line ConfigError naming where it came from, the key and what is wrong.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import textwrap
+import tomllib
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from clawd.errors import ConfigError
+
+ENV_PREFIX = "CLAWD_"
+
+
+def _f(default, help: str, **meta):
+    # One place that pairs a default with its help text (DESIGN "How to write it" rule 2).
+    return field(default=default, metadata={"help": help, **meta})
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    host: str = _f("127.0.0.1", "Address the HTTP API listens on; keep 127.0.0.1 unless you set a token.")
+    port: int = _f(8757, "TCP port of the HTTP API (0 = any free port).", min=0, max=65535)
+    require_token: bool = _f(False, "Require the bearer token even from loopback.")
+
+
+@dataclass(frozen=True)
+class ModelSettings:
+    path: str = _f("", "Model file (GGUF) or directory (MLX); empty = the embedded Gemma 3 270M model.")
+    engine: str = _f("llamacpp", "Inference engine: llamacpp or fake (for tests).", choices=("llamacpp", "fake"))
+    n_ctx: int = _f(4096, "Context window in tokens.", min=1)
+    n_threads: int = _f(0, "CPU threads for generation; 0 = all physical cores.", min=0)
+    chat_format: str = _f(
+        "auto",
+        "auto: the model's own chat template, else clawd's transcript format (base models); "
+        "or force template / transcript.",
+        choices=("auto", "template", "transcript"),
+    )
+    name: str = _f("", "Model id shown in /v1/models; empty = derived from the file name.")
+
+
+@dataclass(frozen=True)
+class GenerationSettings:
+    # Defaults for requests that don't say; a request's own value always wins.
+    max_tokens: int = _f(512, "Default maximum tokens generated per response.", min=1)
+    temperature: float = _f(0.7, "Default sampling temperature (0 = greedy).", min=0.0)
+    top_p: float = _f(0.95, "Default nucleus sampling probability mass, 0 to 1.", min=0.0, max=1.0)
+    top_k: int = _f(40, "Sample only among the k most likely tokens (0 = no limit), as llama.cpp does.", min=0)
+
+
+@dataclass(frozen=True)
+class Settings:
+    server: ServerSettings = field(default_factory=ServerSettings)
+    model: ModelSettings = field(default_factory=ModelSettings)
+    generation: GenerationSettings = field(default_factory=GenerationSettings)
+    log_level: str = _f(
+        "info", "Log verbosity: debug, info, warning or error.", choices=("debug", "info", "warning", "error")
+    )
+
+
+_SECTIONS: dict[str, type] = {
+    f.name: f.default_factory  # type: ignore[misc]
+    for f in dataclasses.fields(Settings)
+    if dataclasses.is_dataclass(f.default_factory)
+}
+_TOP = [f.name for f in dataclasses.fields(Settings) if f.name not in _SECTIONS]
+
+
+@dataclass(frozen=True)
+class _Spec:
+    key: str  # "server.port" or "log_level"
+    type: type
+    default: object
+    help: str
+    meta: Mapping[str, object]
+
+
+def _specs() -> dict[str, _Spec]:
+    out: dict[str, _Spec] = {}
+    for name in _TOP:
+        out[name] = _spec(Settings, name, name)
+    for section, cls in _SECTIONS.items():
+        for f in dataclasses.fields(cls):
+            out[f"{section}.{f.name}"] = _spec(cls, f.name, f"{section}.{f.name}")
+    return out
+
+
+def _spec(cls: type, name: str, key: str) -> _Spec:
+    # Annotations are strings under `from __future__ import annotations`; resolve them.
+    hints = typing.get_type_hints(cls)
+    f = next(f for f in dataclasses.fields(cls) if f.name == name)
+    return _Spec(key, hints[name], f.default, f.metadata["help"], f.metadata)
+
+
+SPECS: dict[str, _Spec] = _specs()
+
+
+def env_var(key: str) -> str:
+    """The environment variable for a settings key: "server.port" → CLAWD_SERVER_PORT."""
+    return ENV_PREFIX + key.replace(".", "_").upper()
+
+
+def describe_settings() -> list[tuple[str, object, str]]:
+    """Every setting as (key, default, help), in declaration order, top-level keys first."""
+    return [(s.key, s.default, s.help) for s in SPECS.values()]
+
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+_TYPE_WORDS = {bool: "a boolean (true/false)", int: "an integer", float: "a number", str: "a string"}
+
+
+def _convert(spec: _Spec, raw: object, where: str) -> object:
+    """Convert one raw value (TOML-typed or a string from env/flags) and validate it."""
+
+    def bad(what: str) -> ConfigError:
+        return ConfigError(f"{where}: {spec.key} {what}", param=spec.key)
+
+    t = spec.type
+    value: object
+    if t is bool:
+        if isinstance(raw, bool):
+            value = raw
+        elif isinstance(raw, str) and raw.strip().lower() in _TRUE | _FALSE:
+            value = raw.strip().lower() in _TRUE
+        else:
+            raise bad(f"must be {_TYPE_WORDS[t]} (1/true/yes/on or 0/false/no/off), got {raw!r}")
+    elif t is int:
+        # bool is an int subclass; `port = true` is a mistake, not 1.
+        if isinstance(raw, int) and not isinstance(raw, bool):
+            value = raw
+        elif isinstance(raw, str):
+            try:
+                value = int(raw.strip())
+            except ValueError:
+                raise bad(f"must be {_TYPE_WORDS[t]}, got {raw!r}") from None
+        else:
+            raise bad(f"must be {_TYPE_WORDS[t]}, got {raw!r}")
+    elif t is float:
+        if isinstance(raw, (int, float)) and not isinstance(raw, bool):
+            value = float(raw)
+        elif isinstance(raw, str):
+            try:
+                value = float(raw.strip())
+            except ValueError:
+                raise bad(f"must be {_TYPE_WORDS[t]}, got {raw!r}") from None
+        else:
+            raise bad(f"must be {_TYPE_WORDS[t]}, got {raw!r}")
+        if value != value or value in (float("inf"), float("-inf")):
+            raise bad(f"must be a finite number, got {raw!r}")
+    elif t is str:
+        if isinstance(raw, os.PathLike):  # a CLI flag may hand over a Path
+            raw = os.fspath(raw)
+        if not isinstance(raw, str):
+            raise bad(f"must be {_TYPE_WORDS[t]}, got {raw!r}")
+        value = raw
+    else:  # pragma: no cover - a new field type needs a converter here
+        raise TypeError(f"no converter for {spec.key}: {t!r}")
+
+    choices = spec.meta.get("choices")
+    if choices is not None:
+        value = str(value).strip().lower()
+        if value not in choices:
+            raise bad(f"must be one of {', '.join(choices)}, got {raw!r}")
+    lo, hi = spec.meta.get("min"), spec.meta.get("max")
+    if lo is not None and value < lo:  # type: ignore[operator]
+        raise bad(f"must be >= {lo}, got {raw!r}")
+    if hi is not None and value > hi:  # type: ignore[operator]
+        raise bad(f"must be <= {hi}, got {raw!r}")
+    return value
+
+
+def _read_toml(config_file: Path) -> dict[str, object]:
+    """Flatten config.toml into {"server.port": raw, ...}; unknown keys are errors."""
+    try:
+        text = config_file.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return {}  # no file = all defaults; `clawd init` writes one
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{config_file}: cannot read config file: {e}") from e
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{config_file}: invalid TOML ({e}); fix the line or delete the file to use defaults") from e
+
+    flat: dict[str, object] = {}
+    valid_top = _TOP + [f"[{s}]" for s in _SECTIONS]
+    for k, v in doc.items():
+        if k in _SECTIONS:
+            if not isinstance(v, dict):
+                raise ConfigError(f"{config_file}: {k} must be a table ([{k}]), got {v!r}", param=k)
+            valid = [key.split(".", 1)[1] for key in SPECS if key.startswith(k + ".")]
+            for sk, sv in v.items():
+                if sk not in valid:
+                    raise ConfigError(
+                        f"{config_file}: unknown key {k}.{sk}; valid keys in [{k}]: {', '.join(valid)}",
+                        param=f"{k}.{sk}",
+                    )
+                flat[f"{k}.{sk}"] = sv
+        elif k in _TOP:
+            flat[k] = v
+        else:
+            raise ConfigError(
+                f"{config_file}: unknown key {k}; valid top-level keys and tables: {', '.join(valid_top)}",
+                param=k,
+            )
+    return flat
+
+
+def load_settings(
+    config_file: Path, env: Mapping[str, str], overrides: Mapping[str, object] = {}  # noqa: B006 - read only
+) -> Settings:
+    """Resolve defaults < config.toml < CLAWD_* env < overrides into one Settings.
+
+    Args:
+        config_file: path to config.toml; a missing file means defaults.
+        env: the environment mapping (only CLAWD_<SECTION>_<FIELD> / CLAWD_LOG_LEVEL are read).
+        overrides: explicit values from CLI flags, keyed "server.port" / "log_level";
+            a None value means "flag not given" and is skipped.
+    Returns:
+        The frozen Settings.
+    Raises:
+        ConfigError: unreadable or invalid TOML, unknown key, or a value of the wrong type/range.
+    """
+    values: dict[str, object] = {key: spec.default for key, spec in SPECS.items()}
+
+    for key, raw in _read_toml(config_file).items():
+        values[key] = _convert(SPECS[key], raw, str(config_file))
+
+    for key, spec in SPECS.items():
+        var = env_var(key)
+        if var in env:
+            values[key] = _convert(spec, env[var], var)
+
+    for key, raw in overrides.items():
+        if key not in SPECS:
+            raise ConfigError(
+                f"unknown setting {key!r}; valid settings: {', '.join(SPECS)}", param=key
+            )
+        if raw is None:
+            continue
+        values[key] = _convert(SPECS[key], raw, f"override {key}")
+
+    sections = {
+        name: cls(**{k.split(".", 1)[1]: v for k, v in values.items() if k.startswith(name + ".")})
+        for name, cls in _SECTIONS.items()
+    }
+    return Settings(**sections, **{k: values[k] for k in _TOP})
+
+
+def settings_to_dict(s: Settings) -> dict:
+    """Plain nested dict (JSON-ready) for `clawd status --json`."""
+    return dataclasses.asdict(s)
+
+
+def _toml_value(v: object) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, str):
+        # TOML basic strings share JSON's escapes for the characters that matter here.
+        return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    return repr(v)
+
+
+def render_default_config() -> str:
+    """The commented config.toml text: every setting with its help and default, none set."""
+    lines = [
+        "# clawd configuration.",
+        "# Every setting is commented out, so the defaults stay in clawd's code.",
+        "# Uncomment a line to change it. CLAWD_<SECTION>_<KEY> environment variables",
+        "# (e.g. CLAWD_SERVER_PORT) override this file; command-line flags override both.",
+        "",
+    ]
+    current = ""  # top-level keys come first: TOML puts them before any table
+    for key, default, help_text in describe_settings():
+        section, _, name = key.rpartition(".")
+        if section != current:
+            # Table headers stay live (an empty table sets nothing), so an uncommented
+            # key lands in the right section.
+            lines += [f"[{section}]", ""]
+            current = section
+        for h in textwrap.wrap(help_text, 86):
+            lines.append(f"# {h}")
+        lines.append(f"# env: {env_var(key)}")
+        lines.append(f"# {name} = {_toml_value(default)}")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def write_default_config(config_file: Path) -> bool:
+    """Write the commented default config.toml unless one exists; never overwrites.
+
+    Returns:
+        True if the file was written, False if it already existed.
+    Raises:
+        ConfigError: the file cannot be created.
+    """
+    try:
+        config_file.parent.mkdir(parents=True, exist_ok=True)
+        # "x" is create-only: atomic against a concurrent writer and never clobbers user edits.
+        with open(config_file, "x", encoding="utf-8") as fh:
+            fh.write(render_default_config())
+    except FileExistsError:
+        return False
+    except OSError as e:
+        raise ConfigError(f"cannot write default config {config_file}: {e.strerror}") from e
+    return True

@@ -1,0 +1,88 @@
+"""Start-up and shut-down of the daemon: store, engine, API, server, in that order.
+
+The model is loaded before the port is bound, so a bad model or a taken port is a
+one-line error at start-up rather than a daemon that answers 500s.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import logging
+import signal
+import socket
+
+import uvicorn
+
+from clawd.api import ApiState, create_app
+from clawd.chat import ChatService
+from clawd.config import Settings
+from clawd.engines.base import Engine
+from clawd.engines.runner import EngineRunner
+from clawd.errors import ConfigError
+from clawd.paths import Paths
+from clawd.store.db import Database
+from clawd.templates import choose_format
+from clawd.token import ensure_token
+
+log = logging.getLogger(__name__)
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """Bind the listening socket ourselves so 'port in use' is a clear error."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        if e.errno == errno.EADDRINUSE:
+            raise ConfigError(f"port {port} on {host} is already in use (another clawd?): "
+                              "stop it, or pass --port / set server.port") from e
+        raise ConfigError(f"cannot listen on {host}:{port} ({e.strerror}): check server.host") from e
+    sock.listen(128)
+    sock.set_inheritable(True)
+    return sock
+
+
+class _Server(uvicorn.Server):
+    """uvicorn re-raises the stop signal once it has shut down, turning a clean stop
+    into death by SIGTERM; a daemon that drained its streams exits 0 instead."""
+
+    def handle_exit(self, sig, frame) -> None:
+        if self.should_exit and sig == signal.SIGINT:
+            self.force_exit = True  # a second Ctrl-C: stop waiting for streams
+        else:
+            self.should_exit = True
+
+
+async def build_state(settings: Settings, paths: Paths, engine: Engine, port: int) -> ApiState:
+    db = await Database.open(paths.db_file)
+    info = engine.info
+    fmt = choose_format(settings.model.chat_format, info.chat_template, info.bos_token,
+                        info.eos_token, info.add_bos)
+    chat = ChatService(EngineRunner(engine), db, fmt, settings.generation)
+    return ApiState(chat=chat, db=db, token=ensure_token(paths.token_file),
+                    require_token=settings.server.require_token, host=settings.server.host,
+                    port=port, home=str(paths.config_dir))
+
+
+async def serve(settings: Settings, paths: Paths, engine: Engine, *, on_ready=None) -> None:
+    """Run until SIGINT/SIGTERM, then finish or cancel streams and close the store."""
+    sock = bind_socket(settings.server.host, settings.server.port)
+    port = sock.getsockname()[1]
+    state = await build_state(settings, paths, engine, port)
+    config = uvicorn.Config(create_app(state), log_level=settings.log_level, access_log=False,
+                            timeout_graceful_shutdown=5, lifespan="off")
+    server = _Server(config)
+    if on_ready:
+        on_ready(state, server)  # the caller may stop it with server.should_exit = True
+    log.info("clawd serving %s on http://%s:%d", state.chat.model_id, settings.server.host, port)
+    try:
+        await server.serve(sockets=[sock])
+    finally:
+        await state.chat.drain()
+        await state.db.close()
+        await asyncio.get_running_loop().run_in_executor(None, state.chat.runner.close)
+        sock.close()

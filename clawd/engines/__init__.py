@@ -1,0 +1,1 @@
+"""Model runtimes behind one contract (base.py); each module exports `Engine`."""

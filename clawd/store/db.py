@@ -1,0 +1,201 @@
+"""The daemon's one SQLite connection: open, configure, migrate, transact, close.
+
+Boundary: connection lifecycle and transactions only. No table is written here; each
+table family has its own writer module (turns.py, ...), and they write only inside
+`async with db.transaction():`. Readers may use `db.conn` directly.
+
+Low-level sqlite3 errors met while opening are converted here into one-line
+ClawdErrors that say what to do.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import aiosqlite
+
+from clawd.errors import ClawdError
+from clawd.store.migrations import SchemaError, migrate
+
+BUSY_TIMEOUT_MS = 5000
+
+# sqlite3 primary result codes (sqlite_errorcode & 0xFF)
+_PERM, _BUSY, _LOCKED, _READONLY, _IOERR, _CORRUPT, _FULL, _CANTOPEN, _NOTADB = (
+    3, 5, 6, 8, 10, 11, 13, 14, 26,
+)
+
+
+class DatabaseUnavailable(ClawdError):
+    """The database file cannot be opened or used as clawd's database."""
+
+    code = "database_unavailable"
+
+
+class Database:
+    """One aiosqlite connection shared by the whole daemon.
+
+    Writes are serialised by an asyncio lock around `transaction()`: a single
+    connection has a single transaction, so two tasks writing at once would otherwise
+    interleave inside each other's transaction.
+    """
+
+    def __init__(self, conn: aiosqlite.Connection, path: Path):
+        self.conn = conn
+        self.path = path
+        self._write_lock = asyncio.Lock()
+        self._tx_owner: asyncio.Task | None = None
+        self._savepoints = 0
+
+    @classmethod
+    async def open(cls, path: Path) -> Database:
+        """Open (creating if missing) and migrate the database at `path`.
+
+        Raises:
+            DatabaseUnavailable: the file is corrupt, not SQLite, locked or unwritable.
+            SchemaTooNew / SchemaError: written by a newer clawd or another program.
+        """
+        path = Path(path)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise DatabaseUnavailable(
+                f"Cannot create the directory {path.parent} ({e.strerror}). "
+                "Point CLAWD_HOME at a writable directory."
+            ) from e
+        if path.is_dir():
+            raise DatabaseUnavailable(f"{path} is a directory, not a database file. Move it aside.")
+        # isolation_level=None: sqlite3 must not open transactions behind our back;
+        # transaction() issues BEGIN IMMEDIATE itself.
+        conn = aiosqlite.connect(path, isolation_level=None, timeout=BUSY_TIMEOUT_MS / 1000)
+        try:
+            await conn
+        except sqlite3.Error as e:
+            # On a failed connect aiosqlite stops its worker thread without waiting; if
+            # the loop closes first (CLI exit) the thread dumps a traceback. Wait for it.
+            thread = getattr(conn, "_thread", None)
+            if thread is not None:
+                await asyncio.to_thread(thread.join, 5)
+            raise _explain(path, e) from e
+        try:
+            await _configure(conn, path)
+            await migrate(conn)
+        except BaseException as e:
+            await conn.close()
+            if isinstance(e, sqlite3.Error):
+                raise _explain(path, e) from e
+            if isinstance(e, SchemaError):
+                # migrations.py does not know the path; the user needs it to act.
+                raise type(e)(f"{path}: {e.message}") from e
+            raise
+        return cls(conn, path)
+
+    async def close(self) -> None:
+        try:
+            # Cheap; keeps query plans good for long-lived databases.
+            await self.conn.execute("PRAGMA optimize")
+        finally:
+            await self.conn.close()
+
+    async def __aenter__(self) -> Database:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def integrity_check(self) -> str:
+        """'ok' when the file is sound, else SQLite's description of the damage."""
+        try:
+            rows = await self.conn.execute_fetchall("PRAGMA integrity_check")
+        except sqlite3.DatabaseError as e:
+            return f"error: {e}"
+        return "\n".join(str(r[0]) for r in rows)
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[aiosqlite.Connection]:
+        """BEGIN IMMEDIATE ... COMMIT, or ROLLBACK if the block raises (or is cancelled).
+
+        Re-entrant within one task (inner blocks become savepoints), so a writer can
+        call another writer's helper. Not shareable across tasks: a task spawned inside
+        the block that opens its own transaction waits until this one ends.
+        """
+        task = asyncio.current_task()
+        if task is not None and self._tx_owner is task:
+            async with self._savepoint():
+                yield self.conn
+            return
+        async with self._write_lock:
+            self._tx_owner = task
+            try:
+                # IMMEDIATE takes the write lock now, so a concurrent writer in another
+                # process waits on busy_timeout here rather than failing at COMMIT.
+                await self.conn.execute("BEGIN IMMEDIATE")
+                try:
+                    yield self.conn
+                    await self.conn.commit()
+                except BaseException:
+                    # sqlite3's rollback() is a no-op when SQLite already ended the
+                    # transaction, and it runs in queue order after anything pending.
+                    await self.conn.rollback()
+                    raise
+            finally:
+                self._tx_owner = None
+
+    @asynccontextmanager
+    async def _savepoint(self) -> AsyncIterator[None]:
+        self._savepoints += 1
+        name = f"sp{self._savepoints}"
+        try:
+            await self.conn.execute(f"SAVEPOINT {name}")
+            try:
+                yield
+            except BaseException:
+                await self.conn.execute(f"ROLLBACK TO {name}")
+                await self.conn.execute(f"RELEASE {name}")
+                raise
+            await self.conn.execute(f"RELEASE {name}")
+        finally:
+            self._savepoints -= 1
+
+
+async def _configure(conn: aiosqlite.Connection, path: Path) -> None:
+    await conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+    # The first real read of the file: a non-SQLite file fails here (SQLITE_NOTADB).
+    async with conn.execute("PRAGMA journal_mode = WAL") as cur:
+        row = await cur.fetchone()
+    if row is None or str(row[0]).lower() != "wal":
+        # e.g. some network filesystems; concurrent readers and durability assume WAL.
+        raise DatabaseUnavailable(
+            f"SQLite could not put {path} in WAL mode (got {row[0] if row else None!r}). "
+            "Keep CLAWD_HOME on a local disk."
+        )
+    # NORMAL in WAL mode: a commit survives a process crash; only an OS crash or power
+    # loss can drop the last few commits, never corrupt the file.
+    await conn.execute("PRAGMA synchronous = NORMAL")
+    await conn.execute("PRAGMA foreign_keys = ON")
+    conn.row_factory = sqlite3.Row
+
+
+def _explain(path: Path, e: sqlite3.Error) -> DatabaseUnavailable:
+    code = (getattr(e, "sqlite_errorcode", 0) or 0) & 0xFF
+    if code in (_CORRUPT, _NOTADB):
+        msg = (
+            f"{path} is not a readable clawd database ({e}). Move it aside "
+            f"(e.g. `mv {path} {path}.broken`) and clawd will create a fresh one."
+        )
+    elif code in (_BUSY, _LOCKED):
+        msg = (
+            f"{path} is locked by another process ({e}). Stop the other clawd "
+            "(`clawd status` shows it) and try again."
+        )
+    elif code in (_PERM, _READONLY, _CANTOPEN, _IOERR, _FULL):
+        msg = (
+            f"Cannot open or write {path} ({e}). Check that the file and its directory "
+            "are writable and the disk is not full."
+        )
+    else:
+        msg = f"SQLite error on {path} ({e}). If it persists, move the file aside and restart."
+    return DatabaseUnavailable(msg)

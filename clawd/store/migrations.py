@@ -1,0 +1,187 @@
+"""Numbered schema migrations for the clawd database.
+
+Boundary: this module owns the schema (DDL) and the `migrations` bookkeeping table, and
+nothing else; rows are written by the table-family modules (turns.py, ...).
+
+Convention (after simonw/llm's migrations.py): each migration is a plain function
+`mNNN_name(conn: sqlite3.Connection)` appended to MIGRATIONS. A released migration is
+never edited or reordered: a schema change is a new function at the end. Each runs in
+its own transaction together with its row in `migrations`, so a crash leaves the
+database at a whole migration boundary.
+
+Migration functions must not call `executescript` (it commits the open transaction
+first) and cannot toggle `PRAGMA foreign_keys` (a no-op inside a transaction); a future
+table rebuild that needs foreign keys off must be handled in `_apply` explicitly.
+"""
+
+from __future__ import annotations
+
+import re
+import sqlite3
+import time
+from collections.abc import Callable
+
+import aiosqlite
+
+from clawd.errors import ClawdError
+
+Migration = Callable[[sqlite3.Connection], None]
+
+
+class SchemaError(ClawdError):
+    """The file is an SQLite database, but not one this clawd can use."""
+
+    code = "schema_mismatch"
+
+
+class SchemaTooNew(SchemaError):
+    """The database records migrations this version of clawd does not know."""
+
+    code = "schema_too_new"
+
+
+def m001_initial(conn: sqlite3.Connection) -> None:
+    conn.execute(
+        """
+        CREATE TABLE sessions (
+            id          TEXT PRIMARY KEY,
+            created_at  REAL NOT NULL,
+            updated_at  REAL NOT NULL,
+            source      TEXT NOT NULL,          -- 'header' | 'body' | 'prefix' | 'new'
+            title       TEXT,
+            done        INTEGER NOT NULL DEFAULT 0
+        )
+        """
+    )
+    conn.execute(
+        """
+        CREATE TABLE turns (
+            id                 TEXT PRIMARY KEY,   -- 'chatcmpl-...', the completion id
+            session_id         TEXT NOT NULL REFERENCES sessions(id) ON DELETE CASCADE,
+            turn_type          TEXT NOT NULL CHECK (turn_type IN ('main', 'side')),
+            created_at         REAL NOT NULL,
+            request_json       TEXT NOT NULL,      -- full request messages (+ tools) as JSON
+            request_hash       TEXT NOT NULL,
+            continuation_hash  TEXT NOT NULL,
+            prompt_text        TEXT NOT NULL,
+            prompt_ids         BLOB NOT NULL,      -- int32 LE, see blobs.py
+            response_ids       BLOB NOT NULL,      -- int32 LE, the sampled tokens
+            response_logprobs  BLOB NOT NULL,      -- float32 LE, one per response token
+            response_text      TEXT NOT NULL,
+            finish_reason      TEXT NOT NULL,
+            sampling_json      TEXT NOT NULL,
+            engine             TEXT NOT NULL,
+            model              TEXT NOT NULL,
+            adapter_id         TEXT,
+            chat_format        TEXT NOT NULL,
+            timings_json       TEXT NOT NULL,
+            requery_of         TEXT REFERENCES turns(id) ON DELETE SET NULL,
+            client             TEXT
+        )
+        """
+    )
+    conn.execute("CREATE INDEX turns_session_created ON turns(session_id, created_at)")
+    conn.execute("CREATE INDEX turns_request_hash ON turns(request_hash)")
+    conn.execute("CREATE INDEX turns_continuation_hash ON turns(continuation_hash)")
+    # requery_of is an FK target of ON DELETE SET NULL: without an index every turn
+    # delete would scan the whole table.
+    conn.execute("CREATE INDEX turns_requery_of ON turns(requery_of)")
+
+
+# Append only. The number in each name is its id and must equal its 1-based position.
+MIGRATIONS: list[Migration] = [
+    m001_initial,
+]
+
+_NAME = re.compile(r"^m(\d{3})_\w+$")
+
+
+def migration_id(fn: Migration) -> int:
+    m = _NAME.match(fn.__name__)
+    if m is None:
+        raise ValueError(f"migration {fn.__name__!r} is not named mNNN_description")
+    return int(m.group(1))
+
+
+def latest_id() -> int:
+    return migration_id(MIGRATIONS[-1]) if MIGRATIONS else 0
+
+
+async def migrate(conn: aiosqlite.Connection) -> list[str]:
+    """Apply pending migrations in order, each in its own transaction.
+
+    Returns:
+        The names of the migrations applied now (empty when already up to date).
+    Raises:
+        SchemaTooNew: the database was written by a newer clawd.
+        SchemaError: the file is another program's SQLite database.
+        sqlite3.DatabaseError: the file is not a readable database (db.py converts it).
+    """
+    # aiosqlite has no public "run this callable on the connection thread";
+    # _execute is that, and keeps migrations plain synchronous functions.
+    return await conn._execute(_migrate_sync, conn._conn)
+
+
+def _migrate_sync(conn: sqlite3.Connection) -> list[str]:
+    _check_is_ours(conn)
+    conn.execute(
+        "CREATE TABLE IF NOT EXISTS migrations ("
+        " id INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at REAL NOT NULL)"
+    )
+    known = {migration_id(fn): fn.__name__ for fn in MIGRATIONS}
+    applied_now: list[str] = []
+    for fn in MIGRATIONS:
+        if _apply(conn, fn, known):
+            applied_now.append(fn.__name__)
+    return applied_now
+
+
+def _apply(conn: sqlite3.Connection, fn: Migration, known: dict[int, str]) -> bool:
+    # BEGIN IMMEDIATE takes the write lock before reading what is applied, so two
+    # processes opening the same file at once cannot both apply a migration.
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        _check_not_newer(conn, known)
+        mid = migration_id(fn)
+        if conn.execute("SELECT 1 FROM migrations WHERE id = ?", (mid,)).fetchone():
+            conn.rollback()
+            return False
+        fn(conn)
+        conn.execute(
+            "INSERT INTO migrations (id, name, applied_at) VALUES (?, ?, ?)",
+            (mid, fn.__name__, time.time()),
+        )
+    except BaseException:
+        conn.rollback()
+        raise
+    conn.commit()
+    return True
+
+
+def _check_is_ours(conn: sqlite3.Connection) -> None:
+    # Tables but no `migrations` table: another program's database. Migrating it would
+    # fail half-way on a name clash or silently mix clawd's tables into it.
+    tables = [
+        r[0]
+        for r in conn.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'"
+        )
+    ]
+    if tables and "migrations" not in tables:
+        raise SchemaError(
+            "This SQLite file is not a clawd database (it has tables "
+            f"{', '.join(sorted(tables)[:5])} but no clawd migrations). "
+            "Move it aside or point CLAWD_HOME elsewhere."
+        )
+
+
+def _check_not_newer(conn: sqlite3.Connection, known: dict[int, str]) -> None:
+    rows = conn.execute("SELECT id, name FROM migrations ORDER BY id").fetchall()
+    unknown = [(mid, name) for mid, name in rows if mid not in known]
+    if unknown:
+        mid, name = unknown[-1]
+        raise SchemaTooNew(
+            f"This database was written by a newer clawd (schema migration {mid} `{name}`; "
+            f"this clawd knows up to {latest_id()}). Upgrade clawd, or move the database "
+            "file aside to start a fresh one."
+        )

@@ -1,0 +1,174 @@
+"""Shared fixtures: a clawd home per test, tiny real GGUF models, and real daemons
+(in-process on a thread, or as a `clawd serve` subprocess) listening on loopback."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+from clawd.config import load_settings
+from clawd.paths import ensure_dirs, resolve_paths
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def clawd_home(tmp_path) -> Path:
+    home = tmp_path / "clawd-home"
+    home.mkdir()
+    return home
+
+
+def make_env(home: Path, **extra) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CLAWD_")}
+    env["CLAWD_HOME"] = str(home)
+    env.update({k: str(v) for k, v in extra.items()})
+    return env
+
+
+@pytest.fixture(scope="session")
+def tiny_gguf(tmp_path_factory) -> Path:
+    from tests.tiny_models import build_tiny_gguf
+
+    return build_tiny_gguf(tmp_path_factory.mktemp("tiny") / "tiny-llama.gguf")
+
+
+@pytest.fixture(scope="session")
+def tiny_lora(tiny_gguf, tmp_path_factory) -> Path:
+    from tests.tiny_models import build_tiny_lora
+
+    return build_tiny_lora(tmp_path_factory.mktemp("tiny-lora") / "tiny-lora.gguf", tiny_gguf)
+
+
+@dataclass
+class RunningDaemon:
+    url: str
+    state: object  # clawd.api.ApiState
+    home: Path
+    thread: threading.Thread
+    server: object
+    loop: asyncio.AbstractEventLoop
+
+    def client(self, **kw) -> httpx.Client:
+        return httpx.Client(base_url=self.url, timeout=30, **kw)
+
+    def run(self, coro):
+        """Run a coroutine on the daemon's own event loop (for store checks)."""
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(30)
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(30)
+
+
+def start_daemon(home: Path, engine, env_extra: dict | None = None) -> RunningDaemon:
+    """A real daemon (uvicorn on a real socket) on a thread of this process."""
+    from clawd import daemon
+
+    env = make_env(home, CLAWD_SERVER_PORT=0, **(env_extra or {}))
+    paths = resolve_paths(env)
+    ensure_dirs(paths)
+    settings = load_settings(paths.config_file, env)
+    ready = threading.Event()
+    box: dict = {}
+
+    def on_ready(state, server):
+        box.update(state=state, server=server, loop=asyncio.get_running_loop())
+        ready.set()
+
+    def target():
+        try:
+            asyncio.run(daemon.serve(settings, paths, engine, on_ready=on_ready))
+        except BaseException as e:  # surface start-up failures to the test
+            box["error"] = e
+            ready.set()
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    assert ready.wait(60), "daemon did not start"
+    if "error" in box:
+        raise box["error"]
+    state = box["state"]
+    url = f"http://127.0.0.1:{state.port}"
+    for _ in range(200):  # uvicorn accepts once serve() has started
+        try:
+            httpx.get(url + "/clawd/health", timeout=1)
+            break
+        except httpx.TransportError:
+            time.sleep(0.02)
+    return RunningDaemon(url, state, home, thread, box["server"], box["loop"])
+
+
+@pytest.fixture
+def fake_daemon(clawd_home):
+    from clawd.engines.fake import Engine
+
+    d = start_daemon(clawd_home, Engine(n_ctx=512))
+    yield d
+    d.stop()
+
+
+@pytest.fixture
+def slow_fake_daemon(clawd_home):
+    """Fake engine that takes 20 ms per token, for cancellation and queueing tests."""
+    from clawd.engines.fake import Engine
+
+    d = start_daemon(clawd_home, Engine(n_ctx=512, token_delay=0.02))
+    yield d
+    d.stop()
+
+
+@pytest.fixture
+def tiny_daemon(clawd_home, tiny_gguf):
+    from clawd.engines.llamacpp import Engine
+
+    d = start_daemon(clawd_home, Engine(tiny_gguf, n_ctx=256, n_threads=2, model_id="tiny"))
+    yield d
+    d.stop()
+
+
+class ServeProcess:
+    """`clawd serve` as a real subprocess, for crash and start-up tests."""
+
+    def __init__(self, home: Path, *args: str, env_extra: dict | None = None):
+        self.home = home
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "clawd.cli", "serve", "--port", "0", *args],
+            env=make_env(home, **(env_extra or {})), cwd=ROOT,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )
+        self.output: list[str] = []
+        self.url = None
+
+    def wait_ready(self, timeout: float = 120) -> str:
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            line = self.proc.stdout.readline()
+            if not line:
+                break
+            self.output.append(line)
+            m = re.search(r"at (http://[\d.]+:\d+)/v1", line)
+            if m:
+                self.url = m.group(1)
+                return self.url
+        raise AssertionError("clawd serve did not start:\n" + "".join(self.output))
+
+    def finish(self, timeout: float = 30) -> tuple[int, str]:
+        out, _ = self.proc.communicate(timeout=timeout)
+        self.output.append(out or "")
+        return self.proc.returncode, "".join(self.output)
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(10)

@@ -1,0 +1,32 @@
+"""Import boundaries from DESIGN.md, proven on a fresh interpreter's sys.modules."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from tests.conftest import ROOT
+
+HEAVY = ("llama_cpp", "mlx", "mlx_lm", "textual", "tui", "fastapi", "uvicorn", "numpy")
+
+
+def loaded_after(code: str) -> set[str]:
+    probe = f"{code}\nimport sys, json\nprint(json.dumps(sorted({{m.split('.')[0] for m in sys.modules}})))"
+    out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True)
+    return set(json.loads(out.stdout.strip().splitlines()[-1]))
+
+
+def test_cli_starts_without_heavy_libraries():
+    # `clawd --help` and `clawd status` must be instant: nothing heavy at import time.
+    assert loaded_after("import clawd.cli").isdisjoint(HEAVY)
+
+
+def test_daemon_never_imports_the_tui_or_textual():
+    mods = loaded_after("import clawd.daemon, clawd.api, clawd.chat, clawd.models, clawd.engines.fake")
+    assert "textual" not in mods and "tui" not in mods
+    assert "llama_cpp" not in mods  # loaded only when a llama.cpp engine is built
+
+
+def test_engine_module_defers_llama_cpp_until_used():
+    assert "llama_cpp" not in loaded_after("import clawd.engines.llamacpp")

@@ -1,0 +1,223 @@
+"""Session attribution against a real store: headers beat body fields, header-less
+conversations are stitched by message prefix, identical requests are regenerates
+(within a window), and turn types default to main (METHOD.md §1)."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+from starlette.datastructures import Headers
+
+from clawd import sessions
+from clawd.errors import InvalidRequest
+from clawd.protocol import ChatCompletionRequest, Message
+from clawd.store.db import Database
+from clawd.store.turns import TurnRecord, insert_turn
+
+
+@pytest.fixture
+async def db(tmp_path):
+    d = await Database.open(tmp_path / "clawd.db")
+    yield d
+    await d.close()
+
+
+def request(messages, **kw) -> ChatCompletionRequest:
+    return ChatCompletionRequest(model="m", messages=messages, **kw)
+
+
+def H(**kv) -> Headers:
+    """Real (case-insensitive) HTTP headers, as the API passes them."""
+    return Headers({k.replace("_", "-"): v for k, v in kv.items()})
+
+
+_n = 0
+
+
+async def record(db, messages, response: str, *, session_id: str, created_at: float | None = None,
+                 source: str = "new", turn_type: str = "main") -> TurnRecord:
+    """Store a turn the way chat.py does: hashes from sessions.py."""
+    global _n
+    _n += 1
+    msgs = [Message.model_validate(m) for m in messages]
+    rec = TurnRecord(
+        id=f"chatcmpl-t{_n}", session_id=session_id, turn_type=turn_type,
+        request={"messages": messages},
+        request_hash=sessions.messages_hash(msgs),
+        continuation_hash=sessions.continuation_hash(msgs, response),
+        prompt_text="p", prompt_ids=[1, 2, 3], response_ids=[4, 5],
+        response_logprobs=np.array([-0.1, -0.2], np.float32), response_text=response,
+        finish_reason="stop", sampling={}, engine="fake", model="m", chat_format="transcript",
+        timings={}, **({"created_at": created_at} if created_at is not None else {}),
+    )
+    await insert_turn(db, rec, source=source)
+    return rec
+
+
+U1 = {"role": "user", "content": "What is the capital of France?"}
+A1 = "The capital of France is Paris."
+
+
+# --- explicit ids -------------------------------------------------------------------------
+
+
+async def test_header_beats_body(db):
+    a = await sessions.attribute(db, request([U1], session_id="body-s"), H(x_session_id="hdr-s"))
+    assert (a.session_id, a.source) == ("hdr-s", "header")
+
+
+async def test_body_session_id_used(db):
+    a = await sessions.attribute(db, request([U1], session_id="body-s"), H())
+    assert (a.session_id, a.source) == ("body-s", "body")
+    assert a.requery_of is None
+
+
+async def test_explicit_session_wins_over_prefix(db):
+    await record(db, [U1], A1, session_id="inferred")
+    follow = [U1, {"role": "assistant", "content": A1}, {"role": "user", "content": "And Spain?"}]
+    a = await sessions.attribute(db, request(follow), H(x_session_id="mine"))
+    assert (a.session_id, a.source) == ("mine", "header")
+
+
+# --- inferred sessions ----------------------------------------------------------------------
+
+
+async def test_first_request_starts_new_session(db):
+    a = await sessions.attribute(db, request([U1]), H())
+    assert a.source == "new"
+    assert a.session_id.startswith("s-")
+    b = await sessions.attribute(db, request([{"role": "user", "content": "other"}]), H())
+    assert b.session_id != a.session_id
+
+
+@pytest.mark.parametrize("echo", [
+    {"role": "assistant", "content": A1},
+    {"role": "assistant", "content": "  " + A1 + "\n"},  # client trimmed / padded whitespace
+    {"role": "assistant", "content": [{"type": "text", "text": "The capital of "},
+                                      {"type": "text", "text": "France is Paris."}]},
+], ids=["exact", "whitespace", "parts"])
+async def test_prefix_continues_session(db, echo):
+    await record(db, [{"role": "system", "content": "Be brief."}, U1], A1, session_id="s-conv")
+    user_as_parts = {"role": "user", "content": [{"type": "text", "text": U1["content"]}]}
+    follow = [{"role": "system", "content": "Be brief. "}, user_as_parts, echo,
+              {"role": "user", "content": "And Spain?"}]
+    a = await sessions.attribute(db, request(follow), H())
+    assert (a.session_id, a.source, a.requery_of) == ("s-conv", "prefix", None)
+
+
+async def test_prefix_continues_through_tool_result(db):
+    await record(db, [U1], A1, session_id="s-tool")
+    follow = [U1, {"role": "assistant", "content": A1},
+              {"role": "tool", "tool_call_id": "call_1", "content": "ok"}]
+    a = await sessions.attribute(db, request(follow), H())
+    assert (a.session_id, a.source) == ("s-tool", "prefix")
+
+
+async def test_prefix_with_different_answer_is_new_session(db):
+    await record(db, [U1], A1, session_id="s-conv")
+    follow = [U1, {"role": "assistant", "content": "Lyon."}, {"role": "user", "content": "Sure?"}]
+    a = await sessions.attribute(db, request(follow), H())
+    assert a.source == "new"
+    assert a.session_id != "s-conv"
+
+
+async def test_three_turn_chain(db):
+    m1 = [U1]
+    await record(db, m1, A1, session_id="s-chain")
+    m2 = [*m1, {"role": "assistant", "content": A1}, {"role": "user", "content": "And Spain?"}]
+    a2 = await sessions.attribute(db, request(m2), H())
+    await record(db, m2, "Madrid.", session_id=a2.session_id, source=a2.source)
+    m3 = [*m2, {"role": "assistant", "content": "Madrid."}, {"role": "user", "content": "Thanks!"}]
+    a3 = await sessions.attribute(db, request(m3), H())
+    assert a2.session_id == a3.session_id == "s-chain"
+    assert a3.source == "prefix"
+
+
+# --- regenerate ---------------------------------------------------------------------------
+
+
+async def test_identical_messages_are_regenerate(db):
+    first = await record(db, [U1], A1, session_id="s-regen")
+    a = await sessions.attribute(db, request([{"role": "user", "content": U1["content"] + " "}]), H())
+    assert (a.session_id, a.source, a.requery_of) == ("s-regen", "regenerate", first.id)
+
+
+async def test_regenerate_links_newest_identical_turn(db):
+    now = time.time()
+    await record(db, [U1], A1, session_id="s-regen", created_at=now - 20)
+    second = await record(db, [U1], "Paris.", session_id="s-regen", created_at=now - 10)
+    a = await sessions.attribute(db, request([U1]), H(), now=now)
+    assert a.requery_of == second.id
+
+
+async def test_identical_messages_after_window_is_new_session(db):
+    now = time.time()
+    await record(db, [U1], A1, session_id="s-old", created_at=now - sessions.REGENERATE_WINDOW_S - 60)
+    a = await sessions.attribute(db, request([U1]), H(), now=now)
+    assert a.source == "new"
+    assert a.session_id != "s-old"
+    assert a.requery_of is None
+
+
+async def test_identical_messages_just_inside_window_is_regenerate(db):
+    now = time.time()
+    first = await record(db, [U1], A1, session_id="s-old", created_at=now - sessions.REGENERATE_WINDOW_S + 60)
+    a = await sessions.attribute(db, request([U1]), H(), now=now)
+    assert a.requery_of == first.id
+
+
+async def test_explicit_other_session_is_not_regenerate(db):
+    await record(db, [U1], A1, session_id="s-a")
+    a = await sessions.attribute(db, request([U1]), H(x_session_id="s-b"))
+    assert (a.session_id, a.requery_of) == ("s-b", None)
+
+
+async def test_explicit_same_session_regenerate_is_linked(db):
+    first = await record(db, [U1], A1, session_id="s-a", source="header")
+    a = await sessions.attribute(db, request([U1]), H(x_session_id="s-a"))
+    assert (a.session_id, a.source, a.requery_of) == ("s-a", "header", first.id)
+
+
+# --- turn type and done -------------------------------------------------------------------
+
+
+async def test_turn_type_defaults_main(db):
+    a = await sessions.attribute(db, request([U1]), H())
+    assert a.turn_type == "main"
+
+
+async def test_turn_type_header_side_honoured(db):
+    a = await sessions.attribute(db, request([U1]), H(x_turn_type="side"))
+    assert a.turn_type == "side"
+
+
+async def test_turn_type_header_beats_body(db):
+    a = await sessions.attribute(db, request([U1], turn_type="side"), H(x_turn_type="main"))
+    assert a.turn_type == "main"
+    b = await sessions.attribute(db, request([U1], turn_type="side"), H())
+    assert b.turn_type == "side"
+
+
+async def test_invalid_turn_type_is_invalid_request(db):
+    with pytest.raises(InvalidRequest) as ei:
+        await sessions.attribute(db, request([U1]), H(x_turn_type="heartbeat"))
+    assert ei.value.status == 400
+    assert ei.value.param == "turn_type"
+
+
+@pytest.mark.parametrize("value,done", [
+    ("1", True), ("true", True), ("TRUE", True), ("yes", True), ("On", True), (" yes ", True),
+    ("0", False), ("false", False), ("no", False), ("", False), ("2", False),
+])
+async def test_session_done_header(db, value, done):
+    a = await sessions.attribute(db, request([U1]), H(x_session_done=value))
+    assert a.session_done is done
+
+
+@pytest.mark.parametrize("value,done", [(True, True), ("yes", True), ("1", True), (False, False),
+                                        (None, False), ("off", False)])
+async def test_session_done_body(db, value, done):
+    a = await sessions.attribute(db, request([U1], session_done=value), H())
+    assert a.session_done is done
