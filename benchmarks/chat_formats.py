@@ -47,6 +47,10 @@ from clawd.templates import TRANSCRIPT_PREAMBLE, TranscriptFormat  # noqa: E402
 
 # ---- prompt set ---------------------------------------------------------------------------
 
+FRUITS = ["apple", "apples", "banana", "bananas", "orange", "oranges", "pear", "pears", "grape", "grapes",
+          "mango", "mangoes", "mangos", "cherry", "cherries", "strawberry", "strawberries", "lemon",
+          "lemons", "peach", "peaches", "plum", "plums", "kiwi", "pineapple", "watermelon", "melon",
+          "lime", "blueberry", "blueberries", "raspberry", "raspberries", "apricot", "papaya", "coconut"]
 COLORS = ["red", "blue", "green", "yellow", "orange", "purple", "pink", "black", "white",
           "brown", "gray", "grey", "violet", "indigo", "cyan", "magenta", "gold", "silver"]
 
@@ -100,12 +104,51 @@ CASES = [
          r"\bgerman\b"),
 ]
 
+# A second, held-out set (--set heldout/all): written after the first results, to check that
+# a winner on the 16 dev prompts is not tuned to them.
+HELDOUT = [
+    Case("boiling-point", "fact", ("What is the boiling point of water in degrees Celsius?",), num(100, "hundred")),
+    Case("our-planet", "fact", ("What planet do we live on?",), r"\bearth\b"),
+    Case("capital-spain", "fact", ("What is the capital of Spain?",), r"\bmadrid\b"),
+    Case("hours-day", "fact", ("How many hours are in a day?",), num(24, "twenty-four")),
+    Case("plants-gas", "fact", ("What gas do plants absorb from the air?",), r"carbon dioxide|\bCO2\b|CO₂"),
+    Case("largest-ocean", "fact", ("What is the largest ocean on Earth?",), r"\bpacific\b"),
+    Case("continents", "fact", ("How many continents are there?",), num(7, "seven")),
+    Case("ten-minus-three", "fact", ("What is 10 minus 3?",), num(7, "seven")),
+    Case("tallest-animal", "fact", ("What is the tallest animal?",), r"\bgiraffes?\b"),
+    Case("bees-make", "fact", ("What do bees make?",), r"\bhoney\b"),
+    Case("capital-uk", "fact", ("What is the capital of the United Kingdom?",), r"\blondon\b"),
+    Case("pyramids", "fact", ("In which country are the pyramids of Giza?",), r"\begypt\b"),
+    Case("brazil-language", "fact", ("What language is mainly spoken in Brazil?",), r"\bportuguese\b"),
+    Case("frozen-water", "fact", ("What is frozen water called?",), r"\bice\b"),
+    Case("mona-lisa", "fact", ("Who painted the Mona Lisa?",), r"leonardo|da vinci"),
+    Case("goodbye-spanish", "instruction", ("Say goodbye in Spanish.",), r"\badi[oó]s\b|hasta luego"),
+    Case("two-fruits", "instruction", ("Name two fruits.",), any_of=tuple(FRUITS), min_count=2),
+    Case("cat-french", "instruction", ("Translate 'cat' to French.",), r"\bchat\b"),
+    Case("rhyme-cat", "instruction", ("Give me a word that rhymes with 'cat'.",),
+         r"\b(hat|bat|mat|rat|sat|fat|pat|vat|that|flat|chat|brat|spat|splat|gnat)\b"),
+    Case("five-digit", "instruction", ("Write the number five as a digit.",), num(5, "_no_word_")),
+    Case("spain-language", "two-turn",
+         ("What is the capital of Spain?", "Madrid.", "What language do people speak there?"), r"\bspanish\b"),
+    Case("dog-legs", "two-turn",
+         ("Name an animal that barks.", "A dog.", "How many legs does it have?"), num(4, "four")),
+    Case("red-planet", "two-turn",
+         ("Which planet is known as the Red Planet?", "Mars.", "Is it bigger or smaller than Earth?"),
+         r"\bsmaller\b"),
+    Case("japan-food", "two-turn",
+         ("Which country is famous for sushi?", "Japan.", "What is the capital of that country?"),
+         r"\btokyo\b"),
+]
+SETS = {"dev": CASES, "heldout": HELDOUT, "all": CASES + HELDOUT}
+
 # ---- candidate formats ----------------------------------------------------------------------
 
 SHORT_PREAMBLE = ("The following is a conversation between a helpful assistant and a user. "
                   "The assistant answers each question correctly in one short sentence.")
 FEWSHOT_1 = [("user", "What is the capital of Italy?"),
              ("assistant", "The capital of Italy is Rome.")]
+FEWSHOT_1B = [("user", "Who was the first president of the United States?"),
+              ("assistant", "George Washington was the first president of the United States.")]
 FEWSHOT_2 = FEWSHOT_1 + [("user", "Name two animals."),
                          ("assistant", "Two animals are the dog and the cat.")]
 
@@ -164,6 +207,13 @@ FORMATS = [
                 SHORT_PREAMBLE, FEWSHOT_2),
     Format("j", "Q/A, 2-shot", "Q:/A: lines after the same two example exchanges", "",
            "Q: {text}\n", "A: {text}\n", "A:", ("\nQ:",), tuple(FEWSHOT_2)),
+    _transcript("k", "transcript, 1-shot (other example)", "current preamble + a non-capital example exchange",
+                TRANSCRIPT_PREAMBLE, FEWSHOT_1B),
+    Format("l", "Q/A, 1-shot", "Q:/A: lines after one example exchange", "",
+           "Q: {text}\n", "A: {text}\n", "A:", ("\nQ:",), tuple(FEWSHOT_1)),
+    Format("m", "alpaca, 1-shot", "### Instruction:/### Response: after one example exchange", "",
+           "### Instruction:\n{text}\n\n", "### Response:\n{text}\n\n", "### Response:\n", ("###",),
+           tuple(FEWSHOT_1)),
 ]
 
 
@@ -171,7 +221,7 @@ def check_current_format_matches_clawd() -> None:
     """Format (a) must render exactly what clawd's TranscriptFormat renders today."""
     fa = FORMATS[0]
     tf = TranscriptFormat()
-    for case in CASES:
+    for case in CASES + HELDOUT:
         msgs = case.messages()
         clawd = tf.render([Message(role=r, content=t) for r, t in msgs])
         ours = fa.render(msgs)
@@ -274,6 +324,8 @@ def main(argv=None) -> int:
     ap.add_argument("--model", type=Path, help="GGUF file (default: clawd's embedded Gemma 3 270M base)")
     ap.add_argument("--home", default="/tmp/clawd-bench-home", help="CLAWD_HOME for the embedded model")
     ap.add_argument("--formats", default="", help="comma-separated format keys (default: all)")
+    ap.add_argument("--set", choices=list(SETS), default="dev",
+                    help="prompt set: the 16 dev prompts (default), the 24 held-out ones, or both")
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--threads", type=int, default=2, help="fixed so results are reproducible")
     ap.add_argument("--n-ctx", type=int, default=2048)
@@ -281,6 +333,7 @@ def main(argv=None) -> int:
     ap.add_argument("--samples", type=int, default=2, help="print every answer of the best N formats")
     args = ap.parse_args(argv)
 
+    cases = SETS[args.set]
     check_current_format_matches_clawd()
     if args.model:
         model = args.model
@@ -299,13 +352,13 @@ def main(argv=None) -> int:
     formats = [f for f in FORMATS if not keys or f.key in keys]
     print(f"model: {model.name}  ({engine.info.architecture}, chat template: "
           f"{'yes' if engine.info.chat_template else 'none'})  threads={args.threads}  "
-          f"max_tokens={args.max_tokens}  prompts={len(CASES)}  formats={len(formats)}", file=sys.stderr)
+          f"max_tokens={args.max_tokens}  prompts={len(cases)} ({args.set})  formats={len(formats)}", file=sys.stderr)
 
     results = []
     try:
         for fmt in formats:
             t0 = time.perf_counter()
-            rows = [generate(engine, fmt, case, args.max_tokens) for case in CASES]
+            rows = [generate(engine, fmt, case, args.max_tokens) for case in cases]
             res = {"format": fmt.spec(), "summary": summarize(rows), "answers": rows}
             results.append(res)
             s = res["summary"]
@@ -314,7 +367,7 @@ def main(argv=None) -> int:
     finally:
         engine.close()
 
-    print(f"\n## Chat formats on {model.name} — {len(CASES)} prompts, greedy, max {args.max_tokens} tokens\n")
+    print(f"\n## Chat formats on {model.name} — {len(cases)} prompts ({args.set} set), greedy, max {args.max_tokens} tokens\n")
     print(table(results))
     ranked = sorted(results, key=rank_key)
     print("\nRanked by clean, then accuracy, then degenerate rate, then length: "
@@ -330,7 +383,7 @@ def main(argv=None) -> int:
 
     if args.out:
         doc = {"model": str(model), "max_tokens": args.max_tokens, "threads": args.threads,
-               "n_ctx": args.n_ctx, "cases": [c.__dict__ for c in CASES], "results": results}
+               "n_ctx": args.n_ctx, "set": args.set, "cases": [c.__dict__ for c in cases], "results": results}
         args.out.write_text(json.dumps(doc, indent=2, ensure_ascii=False, default=list) + "\n")
         print(f"\nwrote {args.out}", file=sys.stderr)
     return 0

@@ -132,7 +132,7 @@ def slow_fake_daemon(clawd_home):
 def tiny_daemon(clawd_home, tiny_gguf):
     from clawd.engines.llamacpp import Engine
 
-    d = start_daemon(clawd_home, Engine(tiny_gguf, n_ctx=256, n_threads=2, model_id="tiny"))
+    d = start_daemon(clawd_home, Engine(tiny_gguf, n_ctx=256, n_threads=1, model_id="tiny"))
     yield d
     d.stop()
 
@@ -144,7 +144,9 @@ class ServeProcess:
         self.home = home
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "clawd.cli", "serve", "--port", "0", *args],
-            env=make_env(home, **(env_extra or {})), cwd=ROOT,
+            # One thread: llama.cpp's threads spin-wait on each other, which on a loaded
+            # 2-core CI machine turns a tiny model's milliseconds into seconds.
+            env=make_env(home, **{"CLAWD_MODEL_N_THREADS": 1, **(env_extra or {})}), cwd=ROOT,
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         )
         self.output: list[str] = []

@@ -12,6 +12,7 @@ reply with "[adapter-id] ", which makes adapter switches visible.
 from __future__ import annotations
 
 import random
+import re
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -22,6 +23,9 @@ from clawd.engines import base
 from clawd.errors import AdapterError, ContextLengthExceeded
 
 BOS, EOS, VOCAB = 256, 257, 258
+_SPECIAL = {b"<s>": BOS, b"</s>": EOS}
+_SPECIAL_TEXT = {v: k for k, v in _SPECIAL.items()}
+_SPECIAL_RE = re.compile(rb"(<s>|</s>)")
 _P_INTENDED = 0.9
 
 
@@ -46,11 +50,14 @@ class Engine(base.Engine):
         return self._info
 
     def tokenize(self, text: str, *, add_bos: bool, special: bool = True) -> list[int]:
-        ids = list(text.encode("utf-8"))
+        ids: list[int] = []
+        # As real tokenizers do, special=True reads "<s>" / "</s>" in the text as BOS / EOS.
+        for part in _SPECIAL_RE.split(text.encode("utf-8")) if special else [text.encode("utf-8")]:
+            ids += [_SPECIAL[part]] if special and part in _SPECIAL else list(part)
         return [BOS, *ids] if add_bos else ids
 
     def detokenize(self, ids: Sequence[int]) -> str:
-        return b"".join(_piece(t) for t in ids).decode("utf-8", "replace")
+        return b"".join(_SPECIAL_TEXT.get(t) or _piece(t) for t in ids).decode("utf-8", "replace")
 
     def _intended(self, prompt_ids: Sequence[int], adapter: str | None) -> list[int]:
         text = bytes(t for t in prompt_ids if t < 256).decode("utf-8", "replace")
