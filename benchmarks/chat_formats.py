@@ -35,7 +35,7 @@ import re
 import sys
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -299,7 +299,9 @@ def summarize(rows: list[dict]) -> dict:
 
 def table(results: list[dict]) -> str:
     kinds = list(results[0]["summary"]["accuracy_by_kind"])
-    head = ["format", "acc", "clean", "stopped", "len (tok)", "degen"] + [f"acc {k}" for k in kinds] + ["tok/s"]
+    base = next((r for r in results if r["format"]["key"] == "a"), None)
+    head = (["format", "acc", "clean", "stopped", "len (tok)", "degen"] + [f"acc {k}" for k in kinds]
+            + (["vs (a) +won/-lost"] if base else []) + ["tok/s"])
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] + ["---:"] * (len(head) - 1)) + "|"]
     for res in results:
         s = res["summary"]
@@ -309,6 +311,11 @@ def table(results: list[dict]) -> str:
                  f"{s['clean']:.0%}", f"{s['stopped']:.0%}", f"{s['mean_answer_tokens']:.1f}",
                  f"{s['degenerate']:.0%}"]
         cells += [f"{s['accuracy_by_kind'][k]:.0%}" for k in kinds]
+        if base:  # paired: prompts this format gets right and (a) wrong, and the reverse
+            pairs = list(zip(res["answers"], base["answers"]))
+            won = sum(x["correct"] and not y["correct"] for x, y in pairs)
+            lost = sum(y["correct"] and not x["correct"] for x, y in pairs)
+            cells.append(f"+{won}/-{lost}")
         cells += [f"{s['tok_per_s']:.1f}"]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)

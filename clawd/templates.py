@@ -3,7 +3,9 @@
 Two kinds. A model whose GGUF carries `tokenizer.chat_template` uses it, rendered with
 Jinja in a sandbox exactly as its authors intended. A base model without one (the
 embedded Gemma 3 270M) gets clawd's plain transcript format; STACK.md found that turn
-markers make that model loop, while a transcript with a one-line preamble answers.
+markers make that model loop, while a transcript with a one-line preamble answers, and
+benchmarks/chat_formats.py found one fixed example exchange lifts its accuracy from 38%
+to 65% on 40 prompts (13 formats compared) without leaking into answers.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from clawd.errors import ConfigError, InvalidRequest
 from clawd.protocol import Message
 
 TRANSCRIPT_PREAMBLE = "The following is a conversation between a helpful assistant and a user."
+# One worked exchange shows a base model the turn-taking and answer length.
+TRANSCRIPT_EXAMPLE = ("User: What is the capital of Italy?", "Assistant: The capital of Italy is Rome.")
 
 
 @dataclass(frozen=True)
@@ -41,7 +45,7 @@ class TranscriptFormat:
 
     def render(self, messages: list[Message], tools: list | None = None) -> Rendered:
         system = [m.text().strip() for m in messages if m.role in ("system", "developer")]
-        lines = [" ".join(system) if system else TRANSCRIPT_PREAMBLE, ""]
+        lines = [" ".join(system) if system else TRANSCRIPT_PREAMBLE, "", *TRANSCRIPT_EXAMPLE]
         for m in messages:
             if m.role in ("system", "developer"):
                 continue

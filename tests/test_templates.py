@@ -7,7 +7,7 @@ import pytest
 
 from clawd.errors import ConfigError, InvalidRequest
 from clawd.protocol import Message
-from clawd.templates import TRANSCRIPT_PREAMBLE, JinjaFormat, TranscriptFormat, choose_format
+from clawd.templates import TRANSCRIPT_EXAMPLE, TRANSCRIPT_PREAMBLE, JinjaFormat, TranscriptFormat, choose_format
 
 
 def msgs(*pairs) -> list[Message]:
@@ -29,6 +29,8 @@ def test_transcript_renders_every_role():
     assert r.prompt == (
         "Be brief.\n"
         "\n"
+        "User: What is the capital of Italy?\n"
+        "Assistant: The capital of Italy is Rome.\n"
         "User: What is 2+2?\n"
         "Assistant: 4\n"
         'Tool result: {"ok": true}\n'
@@ -42,13 +44,14 @@ def test_transcript_renders_every_role():
 
 def test_transcript_default_preamble_and_add_bos_setting():
     r = TranscriptFormat(add_bos=False).render(msgs(("user", "hi")))
-    assert r.prompt == f"{TRANSCRIPT_PREAMBLE}\n\nUser: hi\nAssistant:"
+    example = "\n".join(TRANSCRIPT_EXAMPLE)
+    assert r.prompt == f"{TRANSCRIPT_PREAMBLE}\n\n{example}\nUser: hi\nAssistant:"
     assert r.add_bos is False
 
 
 def test_transcript_developer_is_system():
     r = TranscriptFormat().render(msgs(("developer", "Speak French."), ("user", "hi")))
-    assert r.prompt.startswith("Speak French.\n\nUser: hi")
+    assert r.prompt.startswith("Speak French.\n\nUser: What is the capital of Italy?")
     assert TRANSCRIPT_PREAMBLE not in r.prompt
 
 
