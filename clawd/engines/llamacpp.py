@@ -310,9 +310,6 @@ class Engine(base.Engine):
     def _sampler(self, params: base.SamplingParams):
         lc = self._lc
         chain = lc.llama_sampler_chain_init(lc.llama_sampler_chain_default_params())
-        if params.temperature <= 0:
-            lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_greedy())
-            return chain
         if self._top_k > 0:
             lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_top_k(self._top_k))
         if params.top_p < 1.0:
@@ -339,15 +336,21 @@ class Engine(base.Engine):
     def _generate(self, prompt_ids, params, budget, cancel) -> Iterator[base.SampledToken]:
         lc = self._lc
         self._prefill(prompt_ids)
-        sampler = self._sampler(params)
+        greedy = params.temperature <= 0
+        sampler = None if greedy else self._sampler(params)
+        scratch = np.empty(self._n_vocab, np.float32)
         try:
             for step in range(budget):
                 if cancel is not None and cancel.is_set():
                     return
-                tok = lc.llama_sampler_sample(sampler, self._ctx, -1)
                 row = self._logits_row(-1)
                 top = row.max()
-                logprob = float(row[tok] - top - np.log(np.exp(row - top).sum(dtype=np.float64)))
+                # Greedy needs no sampler: argmax picks the first maximum, as llama.cpp's
+                # greedy sampler does, without building its 262k-candidate array.
+                tok = int(row.argmax()) if greedy else lc.llama_sampler_sample(sampler, self._ctx, -1)
+                np.subtract(row, top, out=scratch)
+                np.exp(scratch, out=scratch)
+                logprob = float(row[tok] - top - np.log(scratch.sum()))
                 if lc.llama_vocab_is_eog(self._vocab, tok):
                     yield base.SampledToken(tok, b"", logprob, is_end=True)
                     return
@@ -355,7 +358,8 @@ class Engine(base.Engine):
                 if step + 1 < budget:
                     self._decode([tok], len(self._cached), [True])
         finally:
-            lc.llama_sampler_free(sampler)
+            if sampler is not None:
+                lc.llama_sampler_free(sampler)
 
     # ---- scoring -----------------------------------------------------------------------
 
