@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from clawd import __version__
@@ -24,7 +25,9 @@ from clawd.chat import ChatService, TurnStream
 from clawd.errors import AuthError, ClawdError, InvalidRequest, NotFound
 from clawd.protocol import (ChatCompletionRequest, ModelCard, ModelList, SessionSummary, Status,
                             TurnSummary)
-from clawd.store import turns
+from clawd import feedback
+from clawd.miner import forget_session
+from clawd.store import signals, turns
 from clawd.store.db import Database
 
 log = logging.getLogger(__name__)
@@ -37,6 +40,7 @@ class ApiState:
 
     chat: ChatService
     db: Database
+    miner: object | None  # clawd.miner.Miner (None when mining is disabled)
     token: str
     require_token: bool
     host: str
@@ -157,7 +161,68 @@ def create_app(state: ApiState) -> FastAPI:
             turns=await turns.count_turns(state.db),
             sessions=await turns.count_sessions(state.db),
             db_path=str(state.db.path), home=state.home,
+            signals=await signals.counts(state.db),
+            miner=_miner_status(state.miner),
         )
+
+    @app.post("/clawd/feedback", dependencies=auth)
+    async def post_feedback(request: Request):
+        """clawd's own {"turn_id", "rating", "correction"} or Open WebUI's rating payload."""
+        try:
+            payload = await request.json()
+        except ValueError:
+            raise InvalidRequest("We could not parse the JSON body of your request: send valid JSON.") from None
+        if not isinstance(payload, dict):
+            raise InvalidRequest("The request body must be a JSON object.")
+        try:
+            if "turn_id" in payload:
+                req = feedback.FeedbackRequest.model_validate(payload)
+            else:
+                req = await feedback.from_openwebui(state.db, payload)
+        except ValidationError as e:
+            err = e.errors()[0]
+            param = ".".join(str(p) for p in err.get("loc", ())) or None
+            raise InvalidRequest(f"Invalid feedback: {err.get('msg')}", param=param) from None
+        rows = await feedback.record(state.db, req, raw=payload)
+        if await signals.get(state.db, req.turn_id) is not None:
+            await signals.reopen(state.db, req.turn_id)  # new evidence: judge again
+        if state.miner:
+            state.miner.poke()
+        return {"turn_id": req.turn_id, "recorded": [{"id": f.id, "kind": f.kind, "text": f.text} for f in rows]}
+
+    @app.get("/clawd/signals", dependencies=auth)
+    async def list_signals(status: str | None = None, session_id: str | None = None, limit: int = 100):
+        rows = await signals.list_signals(state.db, status=status, session_id=session_id, limit=limit)
+        return [s.public() for s in rows]
+
+    @app.get("/clawd/signals/{turn_id}", dependencies=auth)
+    async def get_signal(turn_id: str):
+        sig = await signals.get(state.db, turn_id)
+        if sig is None:
+            raise NotFound(f"No signal for turn {turn_id!r} (side turns and unfinished turns have none).")
+        return sig.public()
+
+    async def _veto(turn_id: str, vetoed: bool) -> dict:
+        if not await signals.set_vetoed(state.db, turn_id, vetoed):
+            raise NotFound(f"No signal for turn {turn_id!r}.")
+        return (await signals.get(state.db, turn_id)).public()
+
+    @app.post("/clawd/signals/{turn_id}/veto", dependencies=auth)
+    async def veto(turn_id: str):
+        """A vetoed signal never trains."""
+        return await _veto(turn_id, True)
+
+    @app.post("/clawd/signals/{turn_id}/unveto", dependencies=auth)
+    async def unveto(turn_id: str):
+        return await _veto(turn_id, False)
+
+    @app.delete("/clawd/sessions/{session_id}", dependencies=auth)
+    async def forget(session_id: str):
+        """Forget a session: its turns, feedback and signals are deleted."""
+        ids = await forget_session(state.db, session_id)
+        if not ids:
+            raise NotFound(f"No session {session_id!r}.")
+        return {"session_id": session_id, "forgotten_turns": len(ids)}
 
     @app.get("/clawd/sessions", response_model=list[SessionSummary], dependencies=auth)
     async def list_sessions(limit: int = 100):
@@ -178,6 +243,14 @@ def create_app(state: ApiState) -> FastAPI:
         return _summary(rec)
 
     return app
+
+
+def _miner_status(miner) -> dict | None:
+    if miner is None:
+        return None
+    st = miner.status
+    return {"judge": st.judge, "hint_judge": st.hint_judge, "judge_error": st.judge_error,
+            "judge_error_at": st.judge_error_at, "mined": st.mined, "busy": st.busy_since is not None}
 
 
 def _summary(r: turns.TurnRecord) -> TurnSummary:

@@ -22,7 +22,7 @@ from clawd.config import GenerationSettings
 from clawd.engines.base import SamplingParams
 from clawd.engines.runner import EngineRunner
 from clawd.errors import ClawdError, ContextLengthExceeded, EngineError, ModelNotFound
-from clawd.protocol import ChatCompletionRequest, Usage
+from clawd.protocol import ChatCompletionRequest, Message, Usage
 from clawd.stops import StopMatcher
 from clawd.store import turns
 from clawd.store.db import Database
@@ -73,6 +73,7 @@ class ChatService:
         self.format = chat_format
         self.defaults = defaults
         self.active_adapter = active_adapter
+        self.on_turn: Callable[[], None] = lambda: None  # the miner's wake-up call
         self._running: dict[asyncio.Task, TurnStream] = {}
 
     @property
@@ -109,6 +110,30 @@ class ChatService:
         self._running[task] = ts
         task.add_done_callback(self._running.pop)
         return ts
+
+    async def complete(self, messages: list[Message], params: SamplingParams, *,
+                       adapter: str | None = None, background: bool = True) -> str:
+        """One reply as text, not logged as a turn: for judges and side-by-side answers.
+        Background completions yield the engine to user requests (raising Preempted)."""
+        info = self.runner.engine.info
+        rendered = self.format.render(messages)
+        prompt_ids = self.runner.engine.tokenize(rendered.prompt, add_bos=rendered.add_bos and info.add_bos)
+        if len(prompt_ids) >= info.n_ctx:
+            raise ContextLengthExceeded(f"the prompt needs {len(prompt_ids)} tokens; the context is {info.n_ctx}")
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        stops = StopMatcher(rendered.stops)
+        out: list[str] = []
+        gen = self.runner.generate(prompt_ids, params, adapter=adapter, cancel=threading.Event(),
+                                   background=background)
+        async with contextlib.aclosing(gen):
+            async for tok in gen:
+                if tok.is_end:
+                    break
+                piece, hit = stops.feed(decoder.decode(tok.piece))
+                out.append(piece)
+                if hit:
+                    return "".join(out)
+        return "".join(out) + stops.feed(decoder.decode(b"", final=True))[0] + stops.flush()
 
     async def drain(self, timeout: float = 10.0) -> None:
         """Stop running generations (each within one token) and wait until their
@@ -216,6 +241,7 @@ class _TurnJob:
             await turns.insert_turn(svc.db, rec, source=who.source, title=_title(req))
             if who.session_done:
                 await turns.mark_session_done(svc.db, who.session_id)
+            svc.on_turn()
         except Exception:
             log.exception("could not record turn %s", rec.id)
 

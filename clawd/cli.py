@@ -97,11 +97,70 @@ def cmd_status(args) -> int:
         ("adapter", status["active_adapter"] or "none (base model)"),
         ("engine", ("busy" if status["busy"] else "idle") + f", {status['queued']} queued"),
         ("logged", f"{status['turns']} turns in {status['sessions']} sessions"),
+        ("signals", ", ".join(f"{v} {k}" for k, v in status.get("signals", {}).items()) or "-"),
+        ("miner", _miner_line(status.get("miner"))),
         ("database", status["db_path"]),
     ]
     for k, v in rows:
         print(f"{k:>11}  {v}")
     return 0
+
+
+def _daemon_call(args, method: str, path: str, **kw):
+    """One request to the running daemon; its JSON, or a one-line error."""
+    import httpx
+
+    settings, paths = _setup(args)
+    try:
+        with _client(settings, paths) as c:
+            r = c.request(method, path, **kw)
+    except httpx.HTTPError as e:
+        raise ClawdError(f"clawd is not running at {settings.server.host}:{settings.server.port} "
+                         f"({e or type(e).__name__}): start it with `clawd serve`") from e
+    body = r.json()
+    if r.status_code >= 400:
+        raise ClawdError(body.get("error", {}).get("message", f"HTTP {r.status_code}"))
+    return body
+
+
+def _signal_line(s: dict) -> str:
+    reward = {1: "+1", -1: "-1", 0: " 0", None: " ?"}[s.get("reward")]
+    veto = " VETOED" if s.get("vetoed") else ""
+    hint = f"  hint: {s['hint'][:60]}" if s.get("hint") else ""
+    return f"{s['turn_id']}  {s['status']:<7} r={reward} ({s.get('reward_source') or '-'}){veto}{hint}"
+
+
+def cmd_signals(args) -> int:
+    if args.action == "list":
+        params = {k: v for k, v in (("status", args.status), ("session_id", args.session)) if v}
+        rows = _daemon_call(args, "GET", "/clawd/signals", params={**params, "limit": args.limit})
+        if args.json:
+            print(json.dumps(rows, indent=2))
+        for s in [] if args.json else rows:
+            print(_signal_line(s))
+        return 0
+    if not args.turn_id:
+        raise ClawdError(f"`clawd signals {args.action}` needs a TURN_ID (see `clawd signals list`)")
+    if args.action == "show":
+        s = _daemon_call(args, "GET", f"/clawd/signals/{args.turn_id}")
+        print(json.dumps(s, indent=2))
+        return 0
+    s = _daemon_call(args, "POST", f"/clawd/signals/{args.turn_id}/{args.action}")
+    print(_signal_line(s))
+    return 0
+
+
+def cmd_forget(args) -> int:
+    out = _daemon_call(args, "DELETE", f"/clawd/sessions/{args.session_id}")
+    print(f"forgot session {out['session_id']}: {out['forgotten_turns']} turns and their signals deleted")
+    return 0
+
+
+def _miner_line(m: dict | None) -> str:
+    if not m:
+        return "off"
+    line = f"judge {m['judge']}, hints {m['hint_judge']}, {m['mined']} mined" + (", busy" if m["busy"] else "")
+    return line + (f"; JUDGE ERROR: {m['judge_error']}" if m.get("judge_error") else "")
 
 
 def cmd_models(args) -> int:
@@ -184,6 +243,19 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("models", help="which model is configured and where its file is")
     s.add_argument("--json", action="store_true", help="machine-readable output")
     s.set_defaults(func=cmd_models)
+
+    s = sub.add_parser("signals", help="review mined training signals; veto what must not train")
+    s.add_argument("action", choices=["list", "show", "veto", "unveto"])
+    s.add_argument("turn_id", nargs="?", help="the turn (for show / veto / unveto)")
+    s.add_argument("--status", choices=["waiting", "pending", "ready", "empty"])
+    s.add_argument("--session", help="only this session's signals")
+    s.add_argument("--limit", type=int, default=50)
+    s.add_argument("--json", action="store_true", help="machine-readable output")
+    s.set_defaults(func=cmd_signals)
+
+    s = sub.add_parser("forget", help="delete a session's turns and signals")
+    s.add_argument("session_id")
+    s.set_defaults(func=cmd_forget)
 
     s = sub.add_parser("token", help="print the API bearer token (for non-loopback clients)")
     s.set_defaults(func=cmd_token)

@@ -60,10 +60,29 @@ class GenerationSettings:
 
 
 @dataclass(frozen=True)
+class MiningSettings:
+    # METHOD.md §2-4; the miner runs between user requests and yields to them.
+    enabled: bool = _f(True, "Mine every main turn into training signals in the background.")
+    judge: str = _f(
+        "self",
+        "Evaluative judge used when the rules are undecided: rules (rules only), self (the served "
+        "model, no adapter), gguf:PATH (a second local model) or openai:BASE_URL[#MODEL].",
+    )
+    hint_judge: str = _f("self", "Hint (directive) judge, same forms as judge; rules = the user's own "
+                                 "correction sentences only.")
+    votes: int = _f(3, "Judge votes per turn (majority; ties give 0).", min=1)
+    temperature: float = _f(0.6, "Judge sampling temperature.", min=0.0)
+    top_k: int = _f(4, "Top-k tokens per position for overlap-guided hint selection and OPD.", min=1)
+    max_hints: int = _f(3, "Hint candidates kept per turn (shortest first).", min=1)
+    retry_s: float = _f(60.0, "First wait before retrying a failed judge (doubles, up to an hour).", min=0.0)
+
+
+@dataclass(frozen=True)
 class Settings:
     server: ServerSettings = field(default_factory=ServerSettings)
     model: ModelSettings = field(default_factory=ModelSettings)
     generation: GenerationSettings = field(default_factory=GenerationSettings)
+    mining: MiningSettings = field(default_factory=MiningSettings)
     log_level: str = _f(
         "info", "Log verbosity: debug, info, warning or error.", choices=("debug", "info", "warning", "error")
     )

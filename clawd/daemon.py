@@ -11,6 +11,7 @@ import errno
 import logging
 import signal
 import socket
+from pathlib import Path
 
 import uvicorn
 
@@ -20,6 +21,8 @@ from clawd.config import Settings
 from clawd.engines.base import Engine
 from clawd.engines.runner import EngineRunner
 from clawd.errors import ConfigError
+from clawd.judge import LLMJudge, completer_for
+from clawd.miner import Miner
 from clawd.paths import Paths
 from clawd.store.db import Database
 from clawd.templates import choose_format
@@ -63,9 +66,31 @@ async def build_state(settings: Settings, paths: Paths, engine: Engine, port: in
     fmt = choose_format(settings.model.chat_format, info.chat_template, info.bos_token,
                         info.eos_token, info.add_bos)
     chat = ChatService(EngineRunner(engine), db, fmt, settings.generation)
-    return ApiState(chat=chat, db=db, token=ensure_token(paths.token_file),
+    miner = None
+    if settings.mining.enabled:
+        miner = Miner(db, chat, settings.mining, make_judge=lambda spec: build_judge(spec, settings, chat, db))
+        chat.on_turn = miner.poke
+    return ApiState(chat=chat, db=db, miner=miner, token=ensure_token(paths.token_file),
                     require_token=settings.server.require_token, host=settings.server.host,
                     port=port, home=str(paths.config_dir))
+
+
+def build_judge(spec: str, settings: Settings, chat: ChatService, db: Database) -> LLMJudge | None:
+    """A judge from its config spec (see MiningSettings.judge)."""
+
+    def load_second_model(path: str) -> ChatService:
+        from clawd.engines.llamacpp import Engine
+
+        engine = Engine(Path(path).expanduser(), n_ctx=settings.model.n_ctx, n_threads=settings.model.n_threads,
+                        model_id=Path(path).stem)
+        info = engine.info
+        fmt = choose_format("auto", info.chat_template, info.bos_token, info.eos_token, info.add_bos)
+        return ChatService(EngineRunner(engine), db, fmt, settings.generation)
+
+    completer = completer_for(spec, chat=chat, gguf_loader=load_second_model)
+    if completer is None:
+        return None
+    return LLMJudge(completer, votes=settings.mining.votes, temperature=settings.mining.temperature)
 
 
 async def serve(settings: Settings, paths: Paths, engine: Engine, *, on_ready=None) -> None:
@@ -79,9 +104,13 @@ async def serve(settings: Settings, paths: Paths, engine: Engine, *, on_ready=No
     if on_ready:
         on_ready(state, server)  # the caller may stop it with server.should_exit = True
     log.info("clawd serving %s on http://%s:%d", state.chat.model_id, settings.server.host, port)
+    if state.miner:
+        state.miner.start()
     try:
         await server.serve(sockets=[sock])
     finally:
+        if state.miner:
+            await state.miner.stop()
         await state.chat.drain()
         await state.db.close()
         await asyncio.get_running_loop().run_in_executor(None, state.chat.runner.close)

@@ -76,6 +76,12 @@ class Busy(ClawdError):
     retry_after = 1
 
 
+class Preempted(ClawdError):
+    """Background engine work was stopped so a user request could run; retry later."""
+
+    status = 503
+
+
 class ModelLoadError(ClawdError):
     """The model file is missing, unreadable or not a model llama.cpp can load."""
 

@@ -129,6 +129,8 @@ class Status(BaseModel):
     sessions: int
     db_path: str
     home: str
+    signals: dict[str, int] = {}
+    miner: dict[str, Any] | None = None
 
 
 class TurnSummary(BaseModel):

@@ -75,7 +75,8 @@ def start_daemon(home: Path, engine, env_extra: dict | None = None) -> RunningDa
     """A real daemon (uvicorn on a real socket) on a thread of this process."""
     from clawd import daemon
 
-    env = make_env(home, CLAWD_SERVER_PORT=0, **(env_extra or {}))
+    # Mining is off unless a test turns it on: it would compete with what a test times.
+    env = make_env(home, **{"CLAWD_SERVER_PORT": 0, "CLAWD_MINING_ENABLED": 0, **(env_extra or {})})
     paths = resolve_paths(env)
     ensure_dirs(paths)
     settings = load_settings(paths.config_file, env)

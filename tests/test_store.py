@@ -126,16 +126,19 @@ async def test_failed_migration_leaves_nothing_behind(tmp_path, monkeypatch):
 
 
 async def test_upgrade_applies_only_new_migrations(tmp_path, monkeypatch):
+    """A database made by the first release (m001 only), with a turn in it, upgrades to
+    the latest schema and keeps its rows."""
     path = tmp_path / "clawd.db"
-    async with await Database.open(path):
-        pass
-
-    def m002_add_notes(conn: sqlite3.Connection) -> None:
-        conn.execute("CREATE TABLE notes (id INTEGER PRIMARY KEY)")
-
-    monkeypatch.setattr(migrations, "MIGRATIONS", [migrations.m001_initial, m002_add_notes])
+    released = migrations.MIGRATIONS
+    monkeypatch.setattr(migrations, "MIGRATIONS", released[:1])
+    async with await Database.open(path) as db:
+        await insert_turn(db, make_turn(7))
+    monkeypatch.setattr(migrations, "MIGRATIONS", released)
     async with aiosqlite.connect(path, isolation_level=None) as conn:
-        assert await migrate(conn) == ["m002_add_notes"]
+        assert await migrate(conn) == [fn.__name__ for fn in released[1:]]
+    async with await Database.open(path) as db:
+        assert (await get_turn(db, "chatcmpl-7")).response_ids == make_turn(7).response_ids
+        assert await db.integrity_check() == "ok"
 
 
 async def test_database_from_newer_clawd_is_refused(tmp_path):

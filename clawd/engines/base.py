@@ -47,11 +47,23 @@ class ScoreResult:
     logprobs: float32 (n,) — log p(target_i | prefix)
     top_ids: int32 (n, k) — the k most likely tokens at position i, most likely first
     top_logprobs: float32 (n, k) — their log-probs
+    at_logprobs: float32 (n, m) — log-probs of the caller's `at_ids` tokens (m = 0 if none)
     """
 
     logprobs: np.ndarray
     top_ids: np.ndarray
     top_logprobs: np.ndarray
+    at_logprobs: np.ndarray | None = None
+
+
+def check_at_ids(at_ids, n: int) -> np.ndarray:
+    """The `at_ids` argument of score() as an int (n, m) array ((n, 0) when absent)."""
+    if at_ids is None:
+        return np.zeros((n, 0), np.int64)
+    at = np.asarray(at_ids, dtype=np.int64)
+    if at.ndim != 2 or at.shape[0] != n:
+        raise ValueError(f"at_ids must have shape (n_targets={n}, m), got {at.shape}")
+    return at
 
 
 @dataclass(frozen=True)
@@ -129,6 +141,8 @@ class Engine(abc.ABC):
         *,
         top_k: int = 0,
         adapter: str | None = None,
+        at_ids: np.ndarray | None = None,
+        cancel: threading.Event | None = None,
     ) -> ScoreResult:
         """Log-prob of every target token given the prompt and the targets before it.
 
@@ -137,10 +151,14 @@ class Engine(abc.ABC):
             target_ids: the tokens to score (non-empty).
             top_k: also return the k most likely tokens per position (0 = none).
             adapter: id of a loaded adapter to apply, or None for the base model.
+            at_ids: int (n, m): also return the log-probs of these tokens at each
+                position (a teacher scored at the student's top-k tokens).
+            cancel: when set, stop between decode chunks and raise Preempted.
         Returns: ScoreResult with n = len(target_ids) rows.
         Raises:
             ContextLengthExceeded: prompt + targets do not fit the context.
             AdapterError: `adapter` is not loaded.
+            Preempted: `cancel` was set.
         """
 
     @abc.abstractmethod

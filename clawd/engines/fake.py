@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from clawd.engines import base
-from clawd.errors import AdapterError, ContextLengthExceeded
+from clawd.errors import AdapterError, ContextLengthExceeded, Preempted
 
 BOS, EOS, VOCAB = 256, 257, 258
 _SPECIAL = {b"<s>": BOS, b"</s>": EOS}
@@ -114,22 +114,28 @@ class Engine(base.Engine):
                 return
             yield base.SampledToken(tok, _piece(tok), float(lp[tok]))
 
-    def score(self, prompt_ids, target_ids, *, top_k=0, adapter=None) -> base.ScoreResult:
+    def score(self, prompt_ids, target_ids, *, top_k=0, adapter=None, at_ids=None,
+              cancel=None) -> base.ScoreResult:
         if not prompt_ids or not target_ids:
             raise ValueError("score needs a non-empty prompt and target")
+        if cancel is not None and cancel.is_set():
+            raise Preempted("scoring was preempted by a user request")
         self._check(len(prompt_ids) + len(target_ids), adapter)
         intended = self._intended(prompt_ids, adapter)
         n = len(target_ids)
         out = np.empty(n, np.float32)
         top_ids = np.empty((n, top_k), np.int32)
         top_lps = np.empty((n, top_k), np.float32)
+        at = base.check_at_ids(at_ids, n)
+        at_lps = np.empty(at.shape, np.float32)
         for j, tok in enumerate(target_ids):
             lp = self._logprobs_at(intended, target_ids[:j])
             out[j] = lp[tok]
+            at_lps[j] = lp[at[j]]
             if top_k:
                 idx = np.argsort(-lp, kind="stable")[:top_k]
                 top_ids[j], top_lps[j] = idx, lp[idx]
-        return base.ScoreResult(out, top_ids, top_lps)
+        return base.ScoreResult(out, top_ids, top_lps, at_lps)
 
     def load_adapter(self, adapter_id: str, path: Path) -> None:
         if not Path(path).is_file():

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from clawd.engines import base
-from clawd.errors import AdapterError, ContextLengthExceeded, EngineError, ModelLoadError
+from clawd.errors import AdapterError, ContextLengthExceeded, EngineError, ModelLoadError, Preempted
 
 log = logging.getLogger(__name__)
 
@@ -370,6 +370,8 @@ class Engine(base.Engine):
         *,
         top_k: int = 0,
         adapter: str | None = None,
+        at_ids: np.ndarray | None = None,
+        cancel: threading.Event | None = None,
     ) -> base.ScoreResult:
         prompt_ids, target_ids = list(prompt_ids), list(target_ids)
         if not prompt_ids or not target_ids:
@@ -382,9 +384,13 @@ class Engine(base.Engine):
         logprobs = np.empty(n, np.float32)
         top_ids = np.empty((n, top_k), np.int32)
         top_lps = np.empty((n, top_k), np.float32)
+        at = base.check_at_ids(at_ids, n)
+        at_lps = np.empty(at.shape, np.float32)
         keep = self._reuse_prefix(seq, first)
         pos = keep
         while pos < len(seq) - 1:  # the last token's logits predict nothing we need
+            if cancel is not None and cancel.is_set():
+                raise Preempted("scoring was preempted by a user request")
             if pos < first:  # plain prefill up to the first scored position
                 end = min(pos + self._n_batch, first)
             else:
@@ -404,8 +410,10 @@ class Engine(base.Engine):
                     idx = idx[np.argsort(-row[idx], kind="stable")]
                     top_ids[j] = idx
                     top_lps[j] = row[idx] - lse
+                at_lps[j] = row[at[j]] - lse
             pos += len(chunk)
-        return base.ScoreResult(logprobs=logprobs, top_ids=top_ids, top_logprobs=top_lps)
+        return base.ScoreResult(logprobs=logprobs, top_ids=top_ids, top_logprobs=top_lps,
+                                at_logprobs=at_lps)
 
     def close(self) -> None:
         lc = self._lc

@@ -1,64 +1,114 @@
-"""The async face of a synchronous engine.
+"""The async face of a synchronous engine, with the user first.
 
-Engines are single-threaded by contract. The runner owns the one worker thread that
-may touch the engine and a FIFO lock in front of it, so requests are served in arrival
-order (asyncio.Lock wakes waiters first-come first-served), and the event loop never
-blocks on a model.
+Engines are single-threaded by contract. The runner owns the one worker thread that may
+touch the engine and a turnstile in front of it with two queues: user requests
+(foreground) are served in arrival order and always before background work (the miner's
+judging and scoring). When a user request arrives while background work holds the
+engine, that work is preempted: its cancel event is set, the engine stops at its next
+token or scoring chunk, and the background caller gets `Preempted` and retries later.
+So a user waits at most one token step for the miner, never for a whole judge call.
 """
 
 from __future__ import annotations
 
 import asyncio
 import threading
+from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
 from clawd.engines.base import Engine, SampledToken, SamplingParams
+from clawd.errors import Preempted
 
 T = TypeVar("T")
 _DONE = object()
 
 
+class _Turnstile:
+    """One holder at a time; foreground waiters before background ones, FIFO within each."""
+
+    def __init__(self):
+        self._held = False
+        self._holder_cancel: threading.Event | None = None  # set when the holder is background
+        self._waiters: dict[bool, deque[asyncio.Future]] = {False: deque(), True: deque()}
+
+    @property
+    def held(self) -> bool:
+        return self._held
+
+    def waiting(self, background: bool | None = None) -> int:
+        queues = self._waiters.values() if background is None else [self._waiters[background]]
+        return sum(1 for q in queues for f in q if not f.done())
+
+    async def acquire(self, background: bool, cancel: threading.Event | None) -> None:
+        if not self._held and (not background or not self.waiting(False)):
+            self._take(background, cancel)
+            return
+        fut = asyncio.get_running_loop().create_future()
+        self._waiters[background].append(fut)
+        if not background and self._holder_cancel is not None:
+            self._holder_cancel.set()  # preempt background work for the user
+        try:
+            await fut
+        except asyncio.CancelledError:
+            if fut.done() and not fut.cancelled():
+                self.release()  # ownership arrived as we were cancelled: pass it on
+            raise
+        self._take(background, cancel)
+
+    def _take(self, background: bool, cancel: threading.Event | None) -> None:
+        self._held = True
+        self._holder_cancel = cancel if background else None
+
+    def release(self) -> None:
+        self._holder_cancel = None
+        for background in (False, True):
+            queue = self._waiters[background]
+            while queue:
+                fut = queue.popleft()
+                if not fut.done():
+                    fut.set_result(None)  # hand over: stays held
+                    return
+        self._held = False
+
+
 class EngineRunner:
     def __init__(self, engine: Engine):
         self.engine = engine
-        self._lock = asyncio.Lock()
+        self._gate = _Turnstile()
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine")
-        self._waiting = 0
 
     @property
     def busy(self) -> bool:
-        return self._lock.locked()
+        return self._gate.held
 
     @property
     def queued(self) -> int:
-        """Requests waiting for the engine (not counting the one it is serving)."""
-        return self._waiting
+        """User requests waiting for the engine (not counting the one it is serving)."""
+        return self._gate.waiting(background=False)
 
-    async def _acquire(self) -> None:
-        self._waiting += 1
-        try:
-            await self._lock.acquire()
-        finally:
-            self._waiting -= 1
-
-    async def call(self, fn: Callable[..., T], *args, **kwargs) -> T:
-        """Run one engine method on the engine thread, in turn."""
-        await self._acquire()
-        try:
-            loop = asyncio.get_running_loop()
-            return await loop.run_in_executor(self._thread, lambda: fn(*args, **kwargs))
-        finally:
-            self._lock.release()
+    async def call(self, fn: Callable[..., T], *args, background: bool = False, **kwargs) -> T:
+        """Run one engine method on the engine thread, in turn. Background calls get a
+        `cancel` keyword (a threading.Event the runner sets to preempt them); a
+        preempted call raises Preempted."""
+        cancel = threading.Event() if background else None
+        if background:
+            kwargs["cancel"] = cancel
+        await self._gate.acquire(background, cancel)
+        job = asyncio.get_running_loop().run_in_executor(self._thread, lambda: fn(*args, **kwargs))
+        # Released when the thread is done, not when an impatient caller gives up.
+        job.add_done_callback(lambda _: self._gate.release())
+        return await asyncio.shield(job)
 
     async def generate(
         self, prompt_ids: Sequence[int], params: SamplingParams, *,
-        adapter: str | None, cancel: threading.Event,
+        adapter: str | None, cancel: threading.Event, background: bool = False,
     ) -> AsyncIterator[SampledToken]:
         """Stream tokens from the engine thread. Setting `cancel` (or closing this
-        iterator) stops generation before the next token."""
-        await self._acquire()
+        iterator) stops generation before the next token. Background generation that
+        the runner preempted for a user request raises Preempted."""
+        await self._gate.acquire(background, cancel)
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue()
 
@@ -84,6 +134,8 @@ class EngineRunner:
                 if isinstance(item, BaseException):
                     raise item
                 yield item
+            if background and cancel.is_set():
+                raise Preempted("generation was preempted by a user request")
         finally:
             # Only an early exit stops the engine: `cancel` belongs to the caller, who
             # reads it afterwards to tell a cancelled turn from one that ran to its end.
@@ -91,7 +143,7 @@ class EngineRunner:
                 cancel.set()
             # The engine stays taken until its thread has really stopped (at most one
             # token step away), so the next request never overlaps this one.
-            worker.add_done_callback(lambda _: self._lock.release())
+            worker.add_done_callback(lambda _: self._gate.release())
 
     def close(self) -> None:
         self._thread.shutdown(wait=True)

@@ -88,9 +88,68 @@ def m001_initial(conn: sqlite3.Connection) -> None:
     conn.execute("CREATE INDEX turns_requery_of ON turns(requery_of)")
 
 
+def m002_feedback_and_signals(conn: sqlite3.Connection) -> None:
+    conn.execute(
+        """
+        CREATE TABLE feedback (
+            id          INTEGER PRIMARY KEY,
+            turn_id     TEXT NOT NULL REFERENCES turns(id) ON DELETE CASCADE,
+            kind        TEXT NOT NULL CHECK (kind IN ('up', 'down', 'correction')),
+            text        TEXT,                   -- the correction, or a rating's comment
+            source      TEXT NOT NULL,          -- 'api' | 'tui' | 'openwebui' | ...
+            created_at  REAL NOT NULL,
+            raw_json    TEXT                    -- the payload as received
+        )
+        """
+    )
+    conn.execute("CREATE INDEX feedback_turn ON feedback(turn_id, created_at)")
+    conn.execute(
+        """
+        CREATE TABLE signals (
+            turn_id        TEXT PRIMARY KEY REFERENCES turns(id) ON DELETE CASCADE,
+            session_id     TEXT NOT NULL REFERENCES sessions(id) ON DELETE CASCADE,
+            status         TEXT NOT NULL,       -- waiting | pending | ready | empty
+            next_turn_id   TEXT REFERENCES turns(id) ON DELETE SET NULL,
+            next_state     TEXT,                -- newest message of the next main request
+            next_role      TEXT,
+            reward         INTEGER,             -- +1 | -1 | 0
+            reward_source  TEXT,                -- feedback | requery | rules | self | gguf | openai | none
+            votes_json     TEXT,
+            hints_json     TEXT,                -- [{"text", "source", "overlap"}], shortest first
+            hint           TEXT,                -- the selected hint (overlap-guided)
+            top_k          INTEGER,
+            student_top_ids       BLOB,         -- int32 (n, k): pi_old's top-k per response position
+            student_top_logprobs  BLOB,         -- float32 (n, k)
+            teacher_logprobs      BLOB,         -- float32 (n,): teacher at the sampled tokens
+            teacher_top_logprobs  BLOB,         -- float32 (n, k): teacher at the student's top-k
+            vetoed         INTEGER NOT NULL DEFAULT 0,
+            attempts       INTEGER NOT NULL DEFAULT 0,
+            error          TEXT,
+            retry_at       REAL NOT NULL DEFAULT 0,
+            created_at     REAL NOT NULL,
+            updated_at     REAL NOT NULL
+        )
+        """
+    )
+    conn.execute("CREATE INDEX signals_status ON signals(status, retry_at)")
+    conn.execute("CREATE INDEX signals_session ON signals(session_id)")
+    conn.execute("CREATE INDEX signals_next_turn ON signals(next_turn_id)")
+    # What `clawd forget` removed, so adapters trained on it can be retired later.
+    conn.execute(
+        """
+        CREATE TABLE forgotten (
+            turn_id       TEXT PRIMARY KEY,
+            session_id    TEXT NOT NULL,
+            forgotten_at  REAL NOT NULL
+        )
+        """
+    )
+
+
 # Append only. The number in each name is its id and must equal its 1-based position.
 MIGRATIONS: list[Migration] = [
     m001_initial,
+    m002_feedback_and_signals,
 ]
 
 _NAME = re.compile(r"^m(\d{3})_\w+$")

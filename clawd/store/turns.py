@@ -290,3 +290,41 @@ async def _one(db: Database, sql: str, params: tuple) -> TurnRecord | None:
     async with db.conn.execute(sql, params) as cur:
         row = await cur.fetchone()
     return _from_row(row) if row is not None else None
+
+
+async def delete_session(db: Database, session_id: str) -> list[str]:
+    """Delete a session with its turns (and, by cascade, their feedback and signals).
+
+    Returns:
+        The ids of the deleted turns (empty when the session is unknown).
+    """
+    async with db.transaction():
+        rows = await db.conn.execute_fetchall("SELECT id FROM turns WHERE session_id = ?", (session_id,))
+        await db.conn.execute("DELETE FROM sessions WHERE id = ?", (session_id,))
+    return [r[0] for r in rows]
+
+
+async def next_main_turn(db: Database, turn: TurnRecord) -> TurnRecord | None:
+    """The session's first main turn after `turn`: its request carries `turn`'s next state."""
+    return await _one(
+        db,
+        "SELECT * FROM turns WHERE session_id = ? AND turn_type = 'main' AND id != ?"
+        " AND (created_at > ? OR (created_at = ? AND rowid > (SELECT rowid FROM turns WHERE id = ?)))"
+        " ORDER BY created_at, rowid LIMIT 1",
+        (turn.session_id, turn.id, turn.created_at, turn.created_at, turn.id),
+    )
+
+
+async def find_requery_of(db: Database, turn_id: str) -> TurnRecord | None:
+    """The newest turn that regenerates `turn_id`, if any."""
+    return await _one(db, f"SELECT * FROM turns WHERE requery_of = ? {_NEWEST} LIMIT 1", (turn_id,))
+
+
+async def session_done(db: Database, session_id: str) -> bool:
+    rows = await db.conn.execute_fetchall("SELECT done FROM sessions WHERE id = ?", (session_id,))
+    return bool(rows and rows[0][0])
+
+
+async def find_by_response_text(db: Database, text: str) -> TurnRecord | None:
+    """The newest turn that answered exactly `text` (to match other UIs' ratings)."""
+    return await _one(db, f"SELECT * FROM turns WHERE trim(response_text) = ? {_NEWEST} LIMIT 1", (text,))

@@ -1,0 +1,318 @@
+"""The miner: every main turn becomes a training signal (METHOD.md §1-4), in the background.
+
+For each trainable turn it pairs the next state (the session's next main request's newest
+message), takes the evaluative reward from the strongest evidence (explicit feedback,
+then regenerate / re-query, then rules, then an LLM judge), gathers hint candidates,
+scores the turn's *sampled* response tokens under the teacher (base model + hint) at the
+student's top-k tokens, and keeps the hint whose teacher top-k overlaps the student's
+most. Engine work runs at background priority: a user request preempts it within one
+token or scoring chunk, and the step is simply redone later (every step is idempotent).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import difflib
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from clawd import judge as judges
+from clawd.chat import ChatService
+from clawd.config import MiningSettings
+from clawd.errors import ClawdError, ContextLengthExceeded, Preempted
+from clawd.protocol import Message
+from clawd.store import feedback, signals, turns
+from clawd.store.db import Database
+
+log = logging.getLogger(__name__)
+HINT_MARKER = "\n\n[user's hint / instruction]\n"
+RESTATE_SIMILARITY = 0.85  # a new user message this close to the previous one re-asks it
+PREEMPT_RETRY_S = 1.0
+
+
+@dataclass
+class MinerStatus:
+    judge: str
+    hint_judge: str
+    judge_error: str | None = None
+    judge_error_at: float | None = None
+    mined: int = 0
+    busy_since: float | None = None
+    counts: dict = field(default_factory=dict)
+
+
+def last_user_text(messages: list[dict]) -> str:
+    for m in reversed(messages):
+        if m.get("role") == "user":
+            return Message.model_validate(m).text()
+    return ""
+
+
+def teacher_messages(messages: list[dict], hint: str) -> list[Message]:
+    """The turn's request with the hint appended to its last user message (METHOD §3)."""
+    out = [Message.model_validate(m) for m in messages]
+    for i in range(len(out) - 1, -1, -1):
+        if out[i].role == "user":
+            out[i] = out[i].model_copy(update={"content": out[i].text() + HINT_MARKER + hint})
+            break
+    return out
+
+
+def overlap(student_top: np.ndarray, teacher_top: np.ndarray) -> int:
+    """O = sum over positions of |S_i ∩ T_i| (METHOD §4)."""
+    return int(sum(len(set(s.tolist()) & set(t.tolist())) for s, t in zip(student_top, teacher_top)))
+
+
+def clean_candidates(texts: list[tuple[str, str]], limit: int) -> list[tuple[str, str]]:
+    """(text, source) pairs: stripped length > 10, deduplicated, shortest first, at most `limit`."""
+    seen, out = set(), []
+    for text, source in texts:
+        t = (text or "").strip()
+        if len(t) <= 10 or t.lower() in seen:
+            continue
+        seen.add(t.lower())
+        out.append((t, source))
+    return sorted(out, key=lambda c: len(c[0]))[:limit]
+
+
+class Miner:
+    def __init__(self, db: Database, chat: ChatService, settings: MiningSettings,
+                 make_judge: Callable[[str], judges.LLMJudge | None] = lambda spec: None):
+        self.db = db
+        self.chat = chat
+        self.settings = settings
+        self.rules = judges.RulesJudge()
+        self._make_judge = make_judge
+        self._judges: dict[str, judges.LLMJudge | None] = {"rules": None}
+        self._judge_retry_at = 0.0
+        self.status = MinerStatus(judge=settings.judge, hint_judge=settings.hint_judge)
+        self._wake = asyncio.Event()
+        self._repair = True  # pairing is re-checked when woken or polled, not per mined turn
+        self._task: asyncio.Task | None = None
+
+    # ---- lifecycle -------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self.run(), name="miner")
+
+    async def stop(self) -> None:
+        if self._task:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        for j in self._judges.values():
+            close = getattr(getattr(j, "completer", None), "aclose", None)
+            if close:
+                await close()
+
+    def _judge(self, spec: str) -> judges.LLMJudge | None:
+        """The judge for a config spec, built on first use. A judge that fails to come
+        up (unreachable endpoint, bad model file) is retried after a back-off; meanwhile
+        turns that need it stay pending, and `clawd status` shows why."""
+        if spec in self._judges:
+            return self._judges[spec]
+        if time.time() < self._judge_retry_at:
+            raise judges.JudgeUnavailable(self.status.judge_error or f"judge {spec} is unavailable")
+        try:
+            self._judges[spec] = self._make_judge(spec)
+        except ClawdError as e:
+            self._judge_retry_at = time.time() + self.settings.retry_s
+            raise judges.JudgeUnavailable(f"judge {spec} could not start: {e.message}") from e
+        return self._judges[spec]
+
+    def poke(self) -> None:
+        """New turn or feedback: look now rather than at the next poll."""
+        self._repair = True
+        self._wake.set()
+
+    async def run(self, poll_s: float = 5.0) -> None:
+        while True:
+            try:
+                worked = await self.step()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # a bug in one step must not end mining for good
+                log.exception("miner step failed")
+                worked = False
+            if not worked:
+                self._wake.clear()
+                try:
+                    await asyncio.wait_for(self._wake.wait(), poll_s)
+                except TimeoutError:
+                    self._repair = True  # e.g. a session marked done
+
+    async def step(self) -> bool:
+        """Pair what can be paired, then mine one pending turn. Returns whether a turn
+        was mined (so the caller knows to go on at once)."""
+        if self._repair:
+            self._repair = False
+            await signals.create_missing(self.db)
+            for turn_id in await signals.due(self.db, "waiting", limit=1000):
+                await self._pair(turn_id)
+        pending = await signals.due(self.db, "pending", limit=1)
+        if not pending:
+            return False
+        self.status.busy_since = time.time()
+        try:
+            await self.mine(pending[0])
+        finally:
+            self.status.busy_since = None
+        return True
+
+    async def run_until_idle(self, max_steps: int = 1000) -> int:
+        """Mine everything minable now (tests, benchmarks)."""
+        self._repair = True
+        n = 0
+        while n < max_steps and await self.step():
+            n += 1
+        return n
+
+    # ---- pairing ---------------------------------------------------------------------
+
+    async def _pair(self, turn_id: str) -> None:
+        sig = await signals.get(self.db, turn_id)
+        turn = await turns.get_turn(self.db, turn_id)
+        if sig is None or turn is None or sig.status != "waiting":
+            return
+        nxt = await turns.next_main_turn(self.db, turn)
+        if nxt is not None and nxt.requery_of != turn.id:
+            newest = nxt.request["messages"][-1]
+            sig.next_turn_id = nxt.id
+            sig.next_state = Message.model_validate(newest).text()
+            sig.next_role = newest.get("role")
+            sig.status = "pending"
+        elif nxt is not None or await turns.find_requery_of(self.db, turn.id):
+            sig.status = "pending"  # regenerated: negative evidence, no next state
+        elif await feedback.for_turn(self.db, turn.id) or await turns.session_done(self.db, turn.session_id):
+            sig.status = "pending"
+        else:
+            return  # nothing yet: wait for the user's next message
+        await signals.save(self.db, sig)
+
+    # ---- mining one turn -------------------------------------------------------------
+
+    async def mine(self, turn_id: str) -> None:
+        sig = await signals.get(self.db, turn_id)
+        turn = await turns.get_turn(self.db, turn_id)
+        if sig is None or turn is None:
+            return
+        try:
+            await self._evaluate(sig, turn)
+            await self._direct(sig, turn)
+        except Preempted:
+            sig.retry_at = time.time() + PREEMPT_RETRY_S
+            await signals.save(self.db, sig)  # same status: redone from scratch later
+            return
+        except judges.JudgeUnavailable as e:
+            sig.attempts += 1
+            sig.error = e.message
+            sig.retry_at = time.time() + min(3600.0, self.settings.retry_s * 2 ** (sig.attempts - 1))
+            self.status.judge_error, self.status.judge_error_at = e.message, time.time()
+            await signals.save(self.db, sig)
+            log.warning("judge unavailable, turn %s retried later: %s", turn_id, e.message)
+            return
+        sig.status = "ready" if (sig.reward or sig.hint) else "empty"
+        sig.error = None
+        await signals.save(self.db, sig)
+        self.status.mined += 1
+
+    async def _requeried(self, turn: turns.TurnRecord, sig: signals.Signal) -> bool:
+        if await turns.find_requery_of(self.db, turn.id):
+            return True
+        if sig.next_role != "user" or not sig.next_state:
+            return False
+        before = last_user_text(turn.request["messages"]).strip().lower()
+        after = sig.next_state.strip().lower()
+        return bool(before) and difflib.SequenceMatcher(None, before, after).ratio() >= RESTATE_SIMILARITY
+
+    def _judge_input(self, sig: signals.Signal, turn: turns.TurnRecord) -> judges.JudgeInput:
+        return judges.JudgeInput(request=turn.request["messages"], response=turn.response_text,
+                                 next_state=sig.next_state or "", next_role=sig.next_role or "user")
+
+    async def _evaluate(self, sig: signals.Signal, turn: turns.TurnRecord) -> None:
+        """r(t) from the strongest evidence available (METHOD §2)."""
+        notes = await feedback.for_turn(self.db, turn.id)
+        thumbs = [f for f in notes if f.kind in ("up", "down")]
+        sig.votes = []
+        if thumbs:
+            sig.reward, sig.reward_source = (1 if thumbs[-1].kind == "up" else -1), "feedback"
+        elif any(f.kind == "correction" for f in notes):
+            sig.reward, sig.reward_source = -1, "feedback"
+        elif await self._requeried(turn, sig):
+            sig.reward, sig.reward_source = -1, "requery"
+        elif not sig.next_state:
+            sig.reward, sig.reward_source = 0, "none"
+        else:
+            inp = self._judge_input(sig, turn)
+            verdict = self.rules.evaluate(inp)
+            judge = self._judge(self.settings.judge) if verdict is None else None
+            if judge is not None:
+                verdict = await judge.evaluate(inp)
+            if verdict is None:
+                sig.reward, sig.reward_source = 0, "none"
+            else:
+                sig.reward, sig.reward_source, sig.votes = verdict.score, verdict.source, list(verdict.votes)
+
+    async def _direct(self, sig: signals.Signal, turn: turns.TurnRecord) -> None:
+        """Hint candidates, teacher scoring, overlap-guided selection (METHOD §3-4)."""
+        notes = await feedback.for_turn(self.db, turn.id)
+        raw = [(f.text, "feedback") for f in notes if f.kind == "correction" and f.text]
+        inp = self._judge_input(sig, turn)
+        if sig.next_state:
+            own = self.rules.correction(inp)
+            if own:
+                raw.append((own, "user"))
+            # A clearly approved answer carries no hindsight; skip the costly hint judge.
+            hint_judge = self._judge(self.settings.hint_judge) if sig.reward != 1 else None
+            if hint_judge is not None:
+                raw += [(h, self.settings.hint_judge) for h in await hint_judge.hints(inp)]
+        cands = clean_candidates(raw, self.settings.max_hints)
+        sig.hints, sig.hint = [], None
+        sig.student_top_ids = sig.student_top_logprobs = sig.teacher_logprobs = sig.teacher_top_logprobs = None
+        if not cands:
+            return
+        k = self.settings.top_k
+        runner, engine = self.chat.runner, self.chat.runner.engine
+        student = await runner.call(engine.score, turn.prompt_ids, turn.response_ids, top_k=k,
+                                    adapter=self.chat.active_adapter(), background=True)
+        best = None
+        for text, source in cands:
+            prompt_ids = self._teacher_prompt(turn, text)
+            try:
+                teacher = await runner.call(engine.score, prompt_ids, turn.response_ids, top_k=k, adapter=None,
+                                            at_ids=student.top_ids, background=True)
+            except ContextLengthExceeded:
+                sig.hints.append({"text": text, "source": source, "overlap": None})
+                continue
+            o = overlap(student.top_ids, teacher.top_ids)
+            sig.hints.append({"text": text, "source": source, "overlap": o})
+            if best is None or o > best[0]:  # strict: ties keep the shorter hint
+                best = (o, text, teacher)
+        if best is None:
+            return
+        _, sig.hint, teacher = best
+        sig.top_k = k
+        sig.student_top_ids = student.top_ids.astype(np.int32)
+        sig.student_top_logprobs = student.top_logprobs
+        sig.teacher_logprobs = teacher.logprobs
+        sig.teacher_top_logprobs = teacher.at_logprobs
+
+    def _teacher_prompt(self, turn: turns.TurnRecord, hint: str) -> list[int]:
+        rendered = self.chat.format.render(teacher_messages(turn.request["messages"], hint))
+        info = self.chat.runner.engine.info
+        return self.chat.runner.engine.tokenize(rendered.prompt, add_bos=rendered.add_bos and info.add_bos)
+
+
+async def forget_session(db: Database, session_id: str) -> list[str]:
+    """Delete a session's turns, feedback and signals; remember which turns they were
+    so adapters trained on them can be retired. Returns the deleted turn ids."""
+    rows = await turns.list_turns(db, session_id=session_id, limit=1_000_000)
+    ids = [r.id for r in rows]
+    async with db.transaction():
+        await signals.record_forgotten(db, session_id, ids)
+        await turns.delete_session(db, session_id)
+    return ids
+

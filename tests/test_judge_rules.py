@@ -1,0 +1,211 @@
+"""The rule judge on real-sounding turns (METHOD.md §2): corrections and redo requests are
+-1, thanks and approval +1, tool errors -1 and tool successes +1, a new task counts only
+after an approval word, a correction beats thanks, and anything unclear is None (handed
+to the LLM judge). Plus the user's own correction as a hint candidate (METHOD.md §3)."""
+
+from __future__ import annotations
+
+import pytest
+
+from clawd.judge import MIN_HINT_CHARS, JudgeInput, RulesJudge
+
+J = RulesJudge()
+
+CODE_REQ = "Write a Python function that checks whether a string is a palindrome."
+CODE_RESP = "def is_palindrome(s):\n    return s == s[::-1]"
+EMAIL_REQ = "Draft a short email to my landlord asking to fix the heating."
+EMAIL_RESP = "Dear Mr. Patel,\n\nI hope you are well. I am writing to let you know that the heating..."
+FACT_REQ = "What is the capital of Australia?"
+FACT_RESP = "The capital of Australia is Sydney."
+SUMMARY_REQ = "Summarize this article about the Mars sample return mission in a few sentences."
+SUMMARY_RESP = "**Key points:**\n- NASA is reviewing the budget\n- The mission may be delayed to 2040"
+OFFER_RESP = "Here is the regex: `^\\d{3}-\\d{4}$`. Would you like me to explain how it works?"
+TOOL_CALL = "I'll run the test suite.\n[called bash]"
+
+CASES = [
+    # -- corrections: -1 --
+    (FACT_REQ, FACT_RESP, "No, that's wrong. It's Canberra.", "user", -1),
+    (FACT_REQ, FACT_RESP, "Wrong.", "user", -1),
+    (FACT_REQ, FACT_RESP, "That's incorrect, the capital is Canberra", "user", -1),
+    (CODE_REQ, CODE_RESP, "No, I meant it should ignore case and spaces.", "user", -1),
+    (CODE_REQ, CODE_RESP, "That's not what I asked for. I wanted it in JavaScript.", "user", -1),
+    (CODE_REQ, CODE_RESP, "you forgot to handle punctuation", "user", -1),
+    (CODE_REQ, CODE_RESP, "Change the function name to check_palindrome.", "user", -1),
+    (CODE_REQ, CODE_RESP, "Use a two-pointer loop instead of slicing.", "user", -1),
+    (CODE_REQ, CODE_RESP, "Don't use slicing, my teacher wants a loop.", "user", -1),
+    (CODE_REQ, CODE_RESP, "Please don't use one-letter variable names", "user", -1),
+    (SUMMARY_REQ, SUMMARY_RESP, "Stop using bullet points, write it as a paragraph.", "user", -1),
+    (SUMMARY_REQ, SUMMARY_RESP, "shorter", "user", -1),
+    (SUMMARY_REQ, SUMMARY_RESP, "Too long, I need it in two sentences.", "user", -1),
+    (SUMMARY_REQ, SUMMARY_RESP, "Can you make it more casual?", "user", -1),
+    (SUMMARY_REQ, SUMMARY_RESP, "make the intro a bit less formal", "user", -1),
+    (SUMMARY_REQ, SUMMARY_RESP, "No bullet points and no bold please.", "user", -1),
+    (EMAIL_REQ, EMAIL_RESP, "Try again, but more polite.", "user", -1),
+    (EMAIL_REQ, EMAIL_RESP, "redo it", "user", -1),
+    (EMAIL_REQ, EMAIL_RESP, "Rewrite it without the small talk at the start", "user", -1),
+    (EMAIL_REQ, EMAIL_RESP, "His name is Mr. Patil, not Patel. You misread it.", "user", -1),
+    (EMAIL_REQ, EMAIL_RESP, "Actually, he prefers to be called Raj.", "user", -1),
+    (EMAIL_REQ, EMAIL_RESP, "It would be nice if you mentioned that it's been broken for a week.", "user", -1),
+    (EMAIL_REQ, EMAIL_RESP, "I said short. This is way too wordy.", "user", -1),
+    (EMAIL_REQ, EMAIL_RESP, "Nope. Less groveling, more direct.", "user", -1),
+    (CODE_REQ, CODE_RESP, "It doesn't work for 'Racecar'.", "user", -1),
+    (CODE_REQ, CODE_RESP, "I get a TypeError when I pass None", "user", -1),
+    (CODE_REQ, CODE_RESP, "Traceback (most recent call last):\n  File \"p.py\", line 2\nAttributeError: 'NoneType'",
+     "user", -1),
+    (CODE_REQ, CODE_RESP, "there's a bug: empty strings crash it", "user", -1),
+    (CODE_REQ, CODE_RESP, "it should return False for empty input", "user", -1),
+    (FACT_REQ, FACT_RESP, "I don't think that's right.", "user", -1),
+    (FACT_REQ, FACT_RESP, "Not quite. Try again.", "user", -1),
+    (FACT_REQ, FACT_RESP, "Let me rephrase: which city is the seat of the Australian government?", "user", -1),
+    # rephrasing the same request (no cue word at all)
+    (FACT_REQ, FACT_RESP, "what is the capital city of australia", "user", -1),
+    (SUMMARY_REQ, SUMMARY_RESP, "Summarize the Mars sample return article in a few short sentences", "user", -1),
+    (CODE_REQ, CODE_RESP, "👎", "user", -1),
+    (CODE_REQ, CODE_RESP, "Use tabs, not spaces.", "user", -1),
+    (SUMMARY_REQ, SUMMARY_RESP, "This is great but too long", "user", -1),
+    (SUMMARY_REQ, SUMMARY_RESP, "Remove the last bullet.", "user", -1),
+
+    # -- thanks and approval: +1 --
+    (FACT_REQ, "The capital of Australia is Canberra.", "thanks!", "user", 1),
+    (CODE_REQ, CODE_RESP, "Perfect, thank you.", "user", 1),
+    (CODE_REQ, CODE_RESP, "That works, cheers", "user", 1),
+    (CODE_REQ, CODE_RESP, "exactly what I needed", "user", 1),
+    (CODE_REQ, CODE_RESP, "awesome 👍", "user", 1),
+    (CODE_REQ, CODE_RESP, "👍", "user", 1),
+    (EMAIL_REQ, EMAIL_RESP, "Looks good, sending it now.", "user", 1),
+    (EMAIL_REQ, EMAIL_RESP, "lgtm", "user", 1),
+    (EMAIL_REQ, EMAIL_RESP, "thx, that did the trick", "user", 1),
+    # moving on after an approval word
+    (CODE_REQ, CODE_RESP, "Great, now write pytest tests for it.", "user", 1),
+    (FACT_REQ, "The capital of Australia is Canberra.", "Thanks. What's the capital of New Zealand?", "user", 1),
+    (SUMMARY_REQ, SUMMARY_RESP, "Nice. Next, draft a tweet announcing the delay.", "user", 1),
+    (SUMMARY_REQ, SUMMARY_RESP, "Great, now remove the bullet about the budget from the slides.", "user", 1),
+    ("Write a haiku about autumn.", "Crisp leaves drift and fall", "Thanks! Write one about winter", "user", 1),
+
+    # -- tricky negations --
+    (CODE_REQ, CODE_RESP, "not bad, thanks", "user", 1),
+    (CODE_REQ, CODE_RESP, "No problem with this one, thanks!", "user", 1),
+    (CODE_REQ, CODE_RESP, "Thanks, but that's wrong: it fails on 'A man, a plan'.", "user", -1),
+    (CODE_REQ, CODE_RESP, "Not perfect, it lowercases nothing.", "user", -1),
+    (CODE_REQ, CODE_RESP, "This isn't helpful.", "user", -1),
+    (CODE_REQ, CODE_RESP, "Not exactly. I need it recursive.", "user", -1),
+    (EMAIL_REQ, EMAIL_RESP, "Actually, that's perfect. Thanks!", "user", 1),
+    (EMAIL_REQ, EMAIL_RESP, "Nothing wrong with it, thanks", "user", 1),
+    (FACT_REQ, "The capital of Australia is Canberra.", "Great, thanks! What's wrong with my sentence: 'Me and him "
+     "went'?", "user", 1),
+    (EMAIL_REQ, EMAIL_RESP, "Perfect, don't change anything.", "user", 1),
+    (CODE_REQ, CODE_RESP, "Great, it still crashes on None.", "user", -1),
+    (EMAIL_REQ, EMAIL_RESP, "thanks for nothing", "user", -1),
+    (CODE_REQ, CODE_RESP, "Perfect! Now can you make it shorter?", "user", -1),
+    (CODE_REQ, CODE_RESP, "That should work, thanks!", "user", 1),
+    (CODE_REQ, CODE_RESP, "No worries, thanks", "user", 1),
+
+    # -- ambiguous: None --
+    (CODE_REQ, CODE_RESP, "ok", "user", None),
+    (CODE_REQ, CODE_RESP, "hmm", "user", None),
+    ("Tell me a joke.", "Why did the scarecrow win an award? ...", "Tell me another joke", "user", None),
+    (CODE_REQ, CODE_RESP, "Now write a function that reverses a linked list.", "user", None),
+    (CODE_REQ, CODE_RESP, "How would I test this?", "user", None),
+    (CODE_REQ, CODE_RESP, "hmm, thanks, but I'm not sure yet", "user", None),
+    (CODE_REQ, CODE_RESP, "Thanks, though I ended up using a library.", "user", None),
+    (CODE_REQ, OFFER_RESP, "No.", "user", None),
+    (CODE_REQ, OFFER_RESP, "no thanks", "user", None),
+    (CODE_REQ, CODE_RESP, "never mind, I'll do it myself", "user", None),
+    (SUMMARY_REQ, SUMMARY_RESP, "What does sample return actually involve?", "user", None),
+    (CODE_REQ, CODE_RESP, "", "user", None),
+    (CODE_REQ, CODE_RESP, "I don't know yet.", "user", None),
+
+    # -- tool results --
+    ("Run the tests.", TOOL_CALL, "===== 42 passed in 1.31s =====", "tool", 1),
+    ("Run the tests.", TOOL_CALL, "===== 40 passed, 2 failed in 1.8s =====", "tool", -1),
+    ("Run the tests.", TOOL_CALL, "FAILED tests/test_x.py::test_y - AssertionError", "tool", -1),
+    ("List the files.", "[called ls]", "README.md\nsetup.py\nsrc/", "tool", 1),
+    ("List the files.", "[called ls]", "ls: cannot access 'srcc': No such file or directory", "tool", -1),
+    ("Start the server.", "[called bash]", "bash: uvicorn: command not found", "tool", -1),
+    ("Compile it.", "[called bash]", "Process exited with code 2", "tool", -1),
+    ("Compile it.", "[called bash]", "Build finished. exit code: 0, 0 errors, 3 warnings", "tool", 1),
+    ("Read config.", "[called read_file]", "Traceback (most recent call last):\n  File \"x.py\"\nKeyError: 'port'",
+     "tool", -1),
+    ("Fetch it.", "[called http_get]", '{"status": "error", "message": "rate limited"}', "tool", -1),
+    ("Fetch it.", "[called http_get]", '{"ok": true, "error": null, "items": [1, 2]}', "tool", 1),
+    ("Fetch it.", "[called http_get]", "HTTP 404 Not Found", "tool", -1),
+    ("Make the dir.", "[called bash]", "", "tool", 1),
+    ("Show me chat.py.", "[called read_file]",
+     "class TurnStream:\n    error: ClawdError | None = None\n    failed = []\n    except ValueError:\n", "tool", 1),
+    ("Show the script.", "[called read_file]", "Error: could not open file 'x.csv'", "tool", -1),
+]
+
+
+def _inp(request: str, response: str, next_state: str, role: str, *, earlier: list[dict] | None = None):
+    msgs = (earlier or []) + [{"role": "user", "content": request}]
+    return JudgeInput(request=msgs, response=response, next_state=next_state, next_role=role)
+
+
+@pytest.mark.parametrize("request_text,response,next_state,role,expected", CASES,
+                         ids=[f"{c[4]}:{c[2][:40]}" for c in CASES])
+def test_rules_table(request_text, response, next_state, role, expected):
+    verdict = J.evaluate(_inp(request_text, response, next_state, role))
+    if expected is None:
+        assert verdict is None, f"{next_state!r} should be undecided, got {verdict}"
+    else:
+        assert verdict is not None, f"{next_state!r} should be {expected}, got undecided"
+        assert (verdict.score, verdict.votes, verdict.source) == (expected, [], "rules")
+
+
+def test_table_is_large_and_covers_every_outcome():
+    assert len(CASES) >= 60
+    assert {c[4] for c in CASES} == {1, -1, None}
+    assert {c[3] for c in CASES} == {"user", "tool"}
+
+
+def test_request_content_parts_are_read_for_rephrase_detection():
+    inp = JudgeInput(
+        request=[{"role": "system", "content": "Be brief."},
+                 {"role": "user", "content": [{"type": "text", "text": "Translate 'good morning' into German"}]}],
+        response="Bonjour", next_state="translate good morning into german", next_role="user")
+    assert J.evaluate(inp).score == -1
+
+
+def test_unknown_next_role_is_undecided():
+    assert J.evaluate(_inp(FACT_REQ, FACT_RESP, "thanks", "assistant")) is None
+
+
+CORRECTIONS = [
+    # (next state, expected correction; None = no user correction to offer)
+    ("No, I meant it should ignore case and spaces.", "I meant it should ignore case and spaces."),
+    ("nope, use a loop instead of slicing", "Use a loop instead of slicing"),
+    ("Thanks, but that's wrong: it fails on 'A man, a plan'.", "That's wrong: it fails on 'A man, a plan'."),
+    ("Wrong. Don't use slicing, my teacher wants a loop.", "Don't use slicing, my teacher wants a loop."),
+    ("Stop using bullet points, write it as a paragraph.", "Stop using bullet points, write it as a paragraph."),
+    ("Hmm, actually, make the intro a bit less formal", "Make the intro a bit less formal"),
+    ("I get a TypeError when I pass None\nTraceback (most recent call last):\n  File \"p.py\"\nTypeError: x",
+     "I get a TypeError when I pass None"),
+    ("Traceback (most recent call last):\n  File \"p.py\", line 2\nAttributeError: 'NoneType'", None),
+    ("shorter", None),  # a correction, but too short to be a hint (METHOD §3: > 10 characters)
+    ("Perfect, thank you.", None),
+    ("Great, now write pytest tests for it.", None),
+    ("ok", None),
+]
+
+
+@pytest.mark.parametrize("next_state,expected", CORRECTIONS, ids=[c[0][:40] for c in CORRECTIONS])
+def test_correction_is_the_users_own_words(next_state, expected):
+    assert J.correction(_inp(CODE_REQ, CODE_RESP, next_state, "user")) == expected
+
+
+def test_correction_keeps_the_sentences_that_carry_it():
+    text = ("Okay. So. I read it twice. It is fine overall. But you forgot the deadline. "
+            "And it should mention the landlord's name. Don't sign it with my full name.")
+    got = J.correction(_inp(EMAIL_REQ, EMAIL_RESP, text, "user"))
+    assert got == ("But you forgot the deadline. And it should mention the landlord's name. "
+                   "Don't sign it with my full name.")
+
+
+def test_no_correction_from_a_tool_error():
+    assert J.correction(_inp("Run it.", TOOL_CALL, "Error: file not found: data.csv", "tool")) is None
+
+
+def test_corrections_are_long_enough_to_be_hints():
+    for next_state, expected in CORRECTIONS:
+        if expected is not None:
+            assert len(expected.strip()) > MIN_HINT_CHARS
