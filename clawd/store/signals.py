@@ -172,3 +172,10 @@ async def record_forgotten(db: Database, session_id: str, turn_ids: list[str]) -
 async def forgotten_turns(db: Database) -> set[str]:
     rows = await db.conn.execute_fetchall("SELECT turn_id FROM forgotten")
     return {r[0] for r in rows}
+
+
+async def trainable(db: Database, *, limit: int = 10_000) -> list[Signal]:
+    """What the trainer may learn from: ready, not vetoed (forgotten turns are gone)."""
+    rows = await db.conn.execute_fetchall(
+        "SELECT * FROM signals WHERE status = 'ready' AND vetoed = 0 ORDER BY created_at, rowid LIMIT ?", (limit,))
+    return [_from_row(r) for r in rows]
