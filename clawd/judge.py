@@ -21,7 +21,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Protocol
 
-from clawd.errors import ClawdError, ConfigError, Preempted
+from clawd.errors import ClawdError, ConfigError, ContextLengthExceeded, Preempted
 
 # A hint must say something: METHOD §3 keeps candidates longer than this (stripped).
 MIN_HINT_CHARS = 10
@@ -540,9 +540,10 @@ class LLMJudge:
         try:
             return await self.completer.complete(messages, temperature=self.temperature,
                                                  max_tokens=self.max_tokens, seed=seed)
-        except (asyncio.CancelledError, Preempted, JudgeUnavailable):
+        except (asyncio.CancelledError, Preempted, JudgeUnavailable, ContextLengthExceeded):
             # Cancelled / Preempted: a user request took the engine; that is no backend
-            # failure, and the miner retries soon instead of backing off.
+            # failure, and the miner retries soon instead of backing off. A turn too long
+            # for the judge's context will never fit: the miner gives up on judging it.
             raise
         except Exception as e:
             raise JudgeUnavailable(

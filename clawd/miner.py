@@ -250,7 +250,10 @@ class Miner:
             verdict = self.rules.evaluate(inp)
             judge = self._judge(self.settings.judge) if verdict is None else None
             if judge is not None:
-                verdict = await judge.evaluate(inp)
+                try:
+                    verdict = await judge.evaluate(inp)
+                except ContextLengthExceeded:
+                    verdict = None  # the turn does not fit the judge: no evaluative signal
             if verdict is None:
                 sig.reward, sig.reward_source = 0, "none"
             else:
@@ -268,7 +271,10 @@ class Miner:
             # A clearly approved answer carries no hindsight; skip the costly hint judge.
             hint_judge = self._judge(self.settings.hint_judge) if sig.reward != 1 else None
             if hint_judge is not None:
-                raw += [(h, self.settings.hint_judge) for h in await hint_judge.hints(inp)]
+                try:
+                    raw += [(h, self.settings.hint_judge) for h in await hint_judge.hints(inp)]
+                except ContextLengthExceeded:
+                    pass  # too long for the judge; the user's own words may still serve
         cands = clean_candidates(raw, self.settings.max_hints)
         sig.hints, sig.hint = [], None
         sig.student_top_ids = sig.student_top_logprobs = sig.teacher_logprobs = sig.teacher_top_logprobs = None
