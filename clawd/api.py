@@ -46,6 +46,7 @@ class ApiState:
     host: str
     port: int
     home: str
+    config: object | None = None  # clawd.reload.ReloadState while config.toml is watched
     started: float = field(default_factory=time.time)
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -163,6 +164,7 @@ def create_app(state: ApiState) -> FastAPI:
             db_path=str(state.db.path), home=state.home,
             signals=await signals.counts(state.db),
             miner=_miner_status(state.miner),
+            config=state.config.public() if state.config is not None else None,
         )
 
     @app.post("/clawd/feedback", dependencies=auth)

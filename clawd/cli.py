@@ -17,17 +17,20 @@ from clawd.errors import ClawdError
 from clawd.paths import Paths, ensure_dirs, resolve_paths
 
 
-def _setup(args) -> tuple[Settings, Paths]:
-    paths = resolve_paths(os.environ)
-    ensure_dirs(paths)
-    write_default_config(paths.config_file)
-    overrides = {
+def _overrides(args) -> dict[str, object]:
+    return {
         "server.host": getattr(args, "host", None),
         "server.port": getattr(args, "port", None),
         "model.path": getattr(args, "model", None),
         "model.engine": getattr(args, "engine", None),
     }
-    settings = load_settings(paths.config_file, os.environ, overrides)
+
+
+def _setup(args) -> tuple[Settings, Paths]:
+    paths = resolve_paths(os.environ)
+    ensure_dirs(paths)
+    write_default_config(paths.config_file)
+    settings = load_settings(paths.config_file, os.environ, _overrides(args))
     logging.basicConfig(level=settings.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for warning in paths.warnings:
@@ -47,7 +50,9 @@ def cmd_serve(args) -> int:
         print(f"clawd: serving {state.chat.model_id} at http://{settings.server.host}:{state.port}/v1 "
               f"(Ctrl-C to stop)", file=sys.stderr, flush=True)
 
-    asyncio.run(daemon.serve(settings, paths, engine, on_ready=ready))
+    # The same layers again on every config.toml change (live reload).
+    asyncio.run(daemon.serve(settings, paths, engine, on_ready=ready, env=dict(os.environ),
+                             overrides=_overrides(args)))
     return 0
 
 
@@ -99,6 +104,7 @@ def cmd_status(args) -> int:
         ("logged", f"{status['turns']} turns in {status['sessions']} sessions"),
         ("signals", ", ".join(f"{v} {k}" for k, v in status.get("signals", {}).items()) or "-"),
         ("miner", _miner_line(status.get("miner"))),
+        ("config", _config_line(status.get("config"))),
         ("database", status["db_path"]),
     ]
     for k, v in rows:
@@ -161,6 +167,50 @@ def _miner_line(m: dict | None) -> str:
         return "off"
     line = f"judge {m['judge']}, hints {m['hint_judge']}, {m['mined']} mined" + (", busy" if m["busy"] else "")
     return line + (f"; JUDGE ERROR: {m['judge_error']}" if m.get("judge_error") else "")
+
+
+def _config_line(c: dict | None) -> str:
+    if not c:
+        return "not watched"
+    import time
+
+    when = time.strftime("%H:%M:%S", time.localtime(c["last_reload_at"])) if c.get("last_reload_at") else None
+    line = f"reloaded {when}" if when else "unchanged since start"
+    if c.get("restart_required"):
+        line += f"; restart to apply {', '.join(c['restart_required'])}"
+    return line + (f"; NOT RELOADED: {c['last_error']}" if c.get("last_error") else "")
+
+
+def cmd_service(args) -> int:
+    from clawd import service
+
+    env = os.environ
+    if args.action == "install":
+        return service.install(sys.platform, env, dry_run=args.dry_run)
+    if args.action == "uninstall":
+        return service.uninstall(sys.platform, env, dry_run=args.dry_run)
+    if args.action == "logs":
+        return service.logs(sys.platform, env, follow=not args.no_follow, dry_run=args.dry_run)
+    st = service.status(sys.platform, env)  # read-only: --dry-run changes nothing here
+    if args.json:
+        print(json.dumps(st.to_dict(), indent=2))
+    else:
+        rows = [("unit", f"{st.unit_path} ({'installed' if st.installed else 'not installed'})")]
+        if st.installed:
+            rows += [("enabled", st.enabled or "-"), ("state", st.state + (f", pid {st.pid}" if st.pid else ""))]
+        for k, v in rows:
+            print(f"{k:>8}  {v}")
+        for note in st.notes:
+            print(note)
+    return 0 if st.active else 3
+
+
+def cmd_doctor(args) -> int:
+    from clawd import doctor
+
+    checks = doctor.run_checks(resolve_paths(os.environ), os.environ, engine_test=not args.skip_engine)
+    print(doctor.to_json(checks) if args.json else doctor.format_checks(checks))
+    return 1 if any(c.level == "error" for c in checks) else 0
 
 
 def cmd_models(args) -> int:
@@ -262,6 +312,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("config", help="print the effective settings and the config file path")
     s.set_defaults(func=cmd_config)
+
+    s = sub.add_parser("service", help="run clawd as a user service (systemd --user / launchd)")
+    s.add_argument("action", choices=["install", "uninstall", "status", "logs"])
+    s.add_argument("--dry-run", action="store_true", help="print what would be written and run; change nothing")
+    s.add_argument("--no-follow", action="store_true", help="logs: print recent lines and exit")
+    s.add_argument("--json", action="store_true", help="status: machine-readable output")
+    s.set_defaults(func=cmd_service)
+
+    s = sub.add_parser("doctor", help="check the installation: versions, model, engine, BLAS, disk, db, service, port")
+    s.add_argument("--json", action="store_true", help="machine-readable output")
+    s.add_argument("--skip-engine", action="store_true", help="skip the model load and 1-token generation")
+    s.set_defaults(func=cmd_doctor)
     return p
 
 

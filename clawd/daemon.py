@@ -7,10 +7,12 @@ one-line error at start-up rather than a daemon that answers 500s.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import errno
 import logging
 import signal
 import socket
+from collections.abc import Mapping
 from pathlib import Path
 
 import uvicorn
@@ -24,6 +26,7 @@ from clawd.errors import ConfigError
 from clawd.judge import LLMJudge, completer_for
 from clawd.miner import Miner
 from clawd.paths import Paths
+from clawd.reload import ConfigWatcher
 from clawd.store.db import Database
 from clawd.templates import choose_format
 from clawd.token import ensure_token
@@ -53,10 +56,14 @@ class _Server(uvicorn.Server):
     """uvicorn re-raises the stop signal once it has shut down, turning a clean stop
     into death by SIGTERM; a daemon that drained its streams exits 0 instead."""
 
+    on_exit = None  # called once when a stop signal arrives (set by serve())
+
     def handle_exit(self, sig, frame) -> None:
         if self.should_exit and sig == signal.SIGINT:
             self.force_exit = True  # a second Ctrl-C: stop waiting for streams
         else:
+            if not self.should_exit and self.on_exit is not None:
+                self.on_exit()
             self.should_exit = True
 
 
@@ -68,7 +75,9 @@ async def build_state(settings: Settings, paths: Paths, engine: Engine, port: in
     chat = ChatService(EngineRunner(engine), db, fmt, settings.generation)
     miner = None
     if settings.mining.enabled:
-        miner = Miner(db, chat, settings.mining, make_judge=lambda spec: build_judge(spec, settings, chat, db))
+        # Judges read the miner's current settings, which a config reload may replace.
+        miner = Miner(db, chat, settings.mining, make_judge=lambda spec: build_judge(
+            spec, dataclasses.replace(settings, mining=miner.settings), chat, db))
         chat.on_turn = miner.poke
     return ApiState(chat=chat, db=db, miner=miner, token=ensure_token(paths.token_file),
                     require_token=settings.server.require_token, host=settings.server.host,
@@ -93,14 +102,33 @@ def build_judge(spec: str, settings: Settings, chat: ChatService, db: Database) 
     return LLMJudge(completer, votes=settings.mining.votes, temperature=settings.mining.temperature)
 
 
-async def serve(settings: Settings, paths: Paths, engine: Engine, *, on_ready=None) -> None:
-    """Run until SIGINT/SIGTERM, then finish or cancel streams and close the store."""
+async def serve(settings: Settings, paths: Paths, engine: Engine, *, on_ready=None,
+                env: Mapping[str, str] | None = None, overrides: Mapping[str, object] | None = None) -> None:
+    """Run until SIGINT/SIGTERM, then finish or cancel streams and close the store.
+
+    `env` and `overrides` are what `settings` were loaded from; given `env`, config.toml
+    is watched and reloaded live with them (clawd/reload.py). Without it, no watch."""
     sock = bind_socket(settings.server.host, settings.server.port)
     port = sock.getsockname()[1]
     state = await build_state(settings, paths, engine, port)
     config = uvicorn.Config(create_app(state), log_level=settings.log_level, access_log=False,
                             timeout_graceful_shutdown=5, lifespan="off")
     server = _Server(config)
+    loop = asyncio.get_running_loop()
+    draining: list[asyncio.Task] = []  # referenced, so the task is not collected mid-run
+
+    def on_exit() -> None:
+        # On a stop signal, end running generations now (each within one token) so their streams
+        # close with a finish chunk and [DONE] instead of being cut at the grace timeout.
+        loop.call_soon_threadsafe(lambda: draining.append(loop.create_task(state.chat.drain())))
+
+    server.on_exit = on_exit
+    watcher = None
+    if env is not None:
+        watcher = ConfigWatcher(paths.config_file, env, overrides or {}, settings,
+                                chat=state.chat, miner=state.miner)
+        state.config = watcher.state
+        await watcher.start()
     if on_ready:
         on_ready(state, server)  # the caller may stop it with server.should_exit = True
     log.info("clawd serving %s on http://%s:%d", state.chat.model_id, settings.server.host, port)
@@ -109,6 +137,8 @@ async def serve(settings: Settings, paths: Paths, engine: Engine, *, on_ready=No
     try:
         await server.serve(sockets=[sock])
     finally:
+        if watcher:
+            await watcher.stop()
         if state.miner:
             await state.miner.stop()
         await state.chat.drain()

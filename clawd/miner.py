@@ -130,6 +130,9 @@ class Miner:
 
     async def run(self, poll_s: float = 5.0) -> None:
         while True:
+            # Cleared before the step, not after: a poke that arrives during the step
+            # must wake the next wait rather than be lost for a whole poll interval.
+            self._wake.clear()
             try:
                 worked = await self.step()
             except asyncio.CancelledError:
@@ -138,7 +141,6 @@ class Miner:
                 log.exception("miner step failed")
                 worked = False
             if not worked:
-                self._wake.clear()
                 try:
                     await asyncio.wait_for(self._wake.wait(), poll_s)
                 except TimeoutError:
@@ -177,6 +179,7 @@ class Miner:
         turn = await turns.get_turn(self.db, turn_id)
         if sig is None or turn is None or sig.status != "waiting":
             return
+        await self._late_next_state(turn)
         nxt = await turns.next_main_turn(self.db, turn)
         if nxt is not None and nxt.requery_of != turn.id:
             newest = nxt.request["messages"][-1]
@@ -192,6 +195,23 @@ class Miner:
             return  # nothing yet: wait for the user's next message
         await signals.save(self.db, sig)
 
+    async def _late_next_state(self, turn: turns.TurnRecord) -> None:
+        """Feedback (or a closed session) can get a session's newest turn mined before
+        its next state exists. When that next state arrives (`turn`), give it to the
+        earlier turn and mine that again, so e.g. the correction typed after a thumbs
+        down still becomes its hint."""
+        prev = await turns.previous_main_turn(self.db, turn)
+        if prev is None or turn.requery_of == prev.id:
+            return  # a regenerate is no next state
+        psig = await signals.get(self.db, prev.id)
+        if psig is None or psig.status not in ("ready", "empty") or psig.next_turn_id is not None:
+            return
+        newest = turn.request["messages"][-1]
+        psig.next_turn_id, psig.next_role = turn.id, newest.get("role")
+        psig.next_state = Message.model_validate(newest).text()
+        psig.status, psig.retry_at = "pending", 0.0
+        await signals.save(self.db, psig, if_updated_at=psig.updated_at)
+
     # ---- mining one turn -------------------------------------------------------------
 
     async def mine(self, turn_id: str) -> None:
@@ -199,25 +219,26 @@ class Miner:
         turn = await turns.get_turn(self.db, turn_id)
         if sig is None or turn is None:
             return
+        read_at = sig.updated_at  # saves below are dropped if feedback re-opened the row meanwhile
         try:
             await self._evaluate(sig, turn)
             await self._direct(sig, turn)
         except Preempted:
             sig.retry_at = time.time() + PREEMPT_RETRY_S
-            await signals.save(self.db, sig)  # same status: redone from scratch later
+            await signals.save(self.db, sig, if_updated_at=read_at)  # same status: redone from scratch later
             return
         except judges.JudgeUnavailable as e:
             sig.attempts += 1
             sig.error = e.message
             sig.retry_at = time.time() + min(3600.0, self.settings.retry_s * 2 ** (sig.attempts - 1))
             self.status.judge_error, self.status.judge_error_at = e.message, time.time()
-            await signals.save(self.db, sig)
+            await signals.save(self.db, sig, if_updated_at=read_at)
             log.warning("judge unavailable, turn %s retried later: %s", turn_id, e.message)
             return
         sig.status = "ready" if (sig.reward or sig.hint) else "empty"
         sig.error = None
-        await signals.save(self.db, sig)
-        self.status.mined += 1
+        if await signals.save(self.db, sig, if_updated_at=read_at):
+            self.status.mined += 1
 
     async def _requeried(self, turn: turns.TurnRecord, sig: signals.Signal) -> bool:
         if await turns.find_requery_of(self.db, turn.id):

@@ -131,6 +131,9 @@ class Status(BaseModel):
     home: str
     signals: dict[str, int] = {}
     miner: dict[str, Any] | None = None
+    # Live config reload: last_reload_at, last_error, last_error_at, restart_required
+    # (changed keys that wait for a restart), applied, watching. None when not watched.
+    config: dict[str, Any] | None = None
 
 
 class TurnSummary(BaseModel):

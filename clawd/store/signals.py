@@ -128,22 +128,28 @@ async def counts(db: Database) -> dict[str, int]:
     return out
 
 
-async def save(db: Database, sig: Signal) -> None:
-    """Write every mined field of the row (the miner's single write per step)."""
+async def save(db: Database, sig: Signal, *, if_updated_at: float | None = None) -> bool:
+    """Write every mined field of the row (the miner's single write per step).
+
+    With `if_updated_at`, write only if the row has not changed since it was read at that
+    time (feedback may re-open a turn while it is being mined; that must win). Returns
+    whether the row was written."""
     if sig.status not in STATUSES:
         raise ValueError(f"signal status must be one of {STATUSES}, got {sig.status!r}")
+    guard, guard_args = ("", ()) if if_updated_at is None else (" AND updated_at=?", (if_updated_at,))
     sig.updated_at = time.time()
     async with db.transaction():
-        await db.conn.execute(
+        cur = await db.conn.execute(
             "UPDATE signals SET status=?, next_turn_id=?, next_state=?, next_role=?, reward=?,"
             " reward_source=?, votes_json=?, hints_json=?, hint=?, top_k=?, student_top_ids=?,"
             " student_top_logprobs=?, teacher_logprobs=?, teacher_top_logprobs=?, attempts=?, error=?,"
-            " retry_at=?, updated_at=? WHERE turn_id=?",
+            " retry_at=?, updated_at=? WHERE turn_id=?" + guard,
             (sig.status, sig.next_turn_id, sig.next_state, sig.next_role, sig.reward, sig.reward_source,
              json.dumps(sig.votes), json.dumps(sig.hints), sig.hint, sig.top_k,
              _blob(sig.student_top_ids), _blob(sig.student_top_logprobs), _blob(sig.teacher_logprobs),
              _blob(sig.teacher_top_logprobs), sig.attempts, sig.error, sig.retry_at, sig.updated_at,
-             sig.turn_id))
+             sig.turn_id, *guard_args))
+        return cur.rowcount == 1
 
 
 async def reopen(db: Database, turn_id: str) -> None:

@@ -315,6 +315,17 @@ async def next_main_turn(db: Database, turn: TurnRecord) -> TurnRecord | None:
     )
 
 
+async def previous_main_turn(db: Database, turn: TurnRecord) -> TurnRecord | None:
+    """The session's last main turn before `turn` (the turn whose next state `turn` carries)."""
+    return await _one(
+        db,
+        "SELECT * FROM turns WHERE session_id = ? AND turn_type = 'main' AND id != ?"
+        " AND (created_at < ? OR (created_at = ? AND rowid < (SELECT rowid FROM turns WHERE id = ?)))"
+        " ORDER BY created_at DESC, rowid DESC LIMIT 1",
+        (turn.session_id, turn.id, turn.created_at, turn.created_at, turn.id),
+    )
+
+
 async def find_requery_of(db: Database, turn_id: str) -> TurnRecord | None:
     """The newest turn that regenerates `turn_id`, if any."""
     return await _one(db, f"SELECT * FROM turns WHERE requery_of = ? {_NEWEST} LIMIT 1", (turn_id,))

@@ -1,0 +1,378 @@
+"""`clawd doctor`: check the installation and say what to do about each problem.
+
+Boundary: read-only checks that each return one `Check` line (ok / warning / error,
+what was checked, the finding or the fix). Nothing here changes state: the database is
+opened read-only, the model is loaded in a child process (a model that crashes
+llama.cpp is then a finding, not a crashed doctor), and service state comes from
+clawd.service's status. `run_checks` takes paths and the environment as arguments.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import importlib.metadata as md
+import importlib.util
+import json
+import os
+import re
+import shutil
+import socket
+import sqlite3
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from urllib.parse import quote
+
+from clawd import service
+from clawd.config import Settings, load_settings
+from clawd.errors import ClawdError
+from clawd.paths import Paths
+
+PACKAGES = ("clawd", "llama-cpp-python", "fastapi", "uvicorn", "numpy", "aiosqlite")
+MIN_PYTHON = (3, 11)
+PROBE_N_CTX = 512  # enough for the one-token probe; a model's full context would cost memory
+PROBE_TIMEOUT_S = 300
+DISK_ERROR_GB, DISK_WARN_GB = 0.5, 5.0
+SLOW_BLAS_GFLOPS = 2.0
+
+
+@dataclass(frozen=True)
+class Check:
+    level: str  # "ok" | "warning" | "error"
+    check: str
+    detail: str
+
+
+def ok(check: str, detail: str) -> Check:
+    return Check("ok", check, detail)
+
+
+def warning(check: str, detail: str) -> Check:
+    return Check("warning", check, detail)
+
+
+def error(check: str, detail: str) -> Check:
+    return Check("error", check, detail)
+
+
+# ---- environment ---------------------------------------------------------------------------
+
+def check_python() -> Check:
+    v = sys.version_info
+    text = f"{v.major}.{v.minor}.{v.micro} ({sys.executable})"
+    if v[:2] < MIN_PYTHON:
+        return error("python", f"{text}: clawd needs Python {'.'.join(map(str, MIN_PYTHON))}+; "
+                               "install a newer Python and reinstall clawd")
+    return ok("python", text)
+
+
+def _pins() -> dict[str, str]:
+    """clawd's exact pins ("==X" requirements) by package name."""
+    out = {}
+    for req in md.requires("clawd") or []:
+        m = re.match(r"^\s*([A-Za-z0-9_.-]+)\s*==\s*([^\s;,]+)", req)
+        if m:
+            out[m.group(1).lower()] = m.group(2)
+    return out
+
+
+def check_packages() -> list[Check]:
+    try:
+        pins = _pins()
+    except md.PackageNotFoundError:
+        pins = {}
+    out = []
+    for name in PACKAGES:
+        try:
+            version = md.version(name)
+        except md.PackageNotFoundError:
+            out.append(error(f"package {name}", f"not installed: pip install {name} (or reinstall clawd)"))
+            continue
+        pin = pins.get(name)
+        if pin and not fnmatch.fnmatch(version, pin):
+            out.append(warning(f"package {name}", f"{version}, but clawd is tested with =={pin}: "
+                                                  f"pip install '{name}=={pin}'"))
+        else:
+            out.append(ok(f"package {name}", version + (f" (pinned =={pin})" if pin else "")))
+    return out
+
+
+def check_blas() -> Check:
+    """Which BLAS numpy uses, and what a 512x512 float32 matmul achieves here."""
+    import numpy as np
+
+    deps = np.show_config(mode="dicts").get("Build Dependencies", {})
+    blas = deps.get("blas", {})
+    name = f"{blas.get('name', 'unknown')} {blas.get('version', '')}".strip()
+    threads = ""
+    try:
+        from threadpoolctl import threadpool_info
+
+        pools = [p for p in threadpool_info() if p.get("user_api") == "blas"]
+        if pools:
+            name = f"{pools[0]['internal_api']} {pools[0].get('version') or ''}".strip()
+            threads = f", {pools[0]['num_threads']} threads"
+    except ImportError:
+        pass  # optional: numpy's build info is enough to name the library
+    a = np.random.default_rng(0).standard_normal((512, 512), dtype=np.float32)
+    b = a.T.copy()
+    a @ b  # warm-up: thread pool start, page faults
+    best = float("inf")
+    for _ in range(10):
+        t = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - t)
+    gflops = 2 * 512**3 / best / 1e9
+    detail = f"{name}{threads}: 512x512 float32 matmul {gflops:.1f} GFLOP/s"
+    if not blas.get("found", True) or gflops < SLOW_BLAS_GFLOPS:
+        return warning("numpy BLAS", f"{detail}; slow: install numpy's wheels from PyPI (they bundle OpenBLAS)")
+    return ok("numpy BLAS", detail)
+
+
+def check_mlx() -> Check:
+    if importlib.util.find_spec("mlx") is None:
+        return warning("mlx", "not installed: serving works without it, but on-device training needs it "
+                              "(pip install mlx mlx-lm)")
+    parts = []
+    for name in ("mlx", "mlx-lm"):
+        try:
+            parts.append(f"{name} {md.version(name)}")
+        except md.PackageNotFoundError:
+            parts.append(f"{name} missing")
+    if "mlx-lm missing" in parts:
+        return warning("mlx", ", ".join(parts) + ": training also needs mlx-lm (pip install mlx-lm)")
+    return ok("mlx", ", ".join(parts))
+
+
+def check_disk(paths: Paths) -> Check:
+    where = paths.data_dir
+    while not where.exists() and where != where.parent:
+        where = where.parent
+    free_gb = shutil.disk_usage(where).free / 1e9
+    detail = f"{free_gb:.1f} GB free under {paths.data_dir}"
+    if free_gb < DISK_ERROR_GB:
+        return error("disk", f"{detail}: turns and adapters cannot be written; free some space")
+    if free_gb < DISK_WARN_GB:
+        return warning("disk", f"{detail}: models and adapters need a few GB; free some space")
+    return ok("disk", detail)
+
+
+# ---- clawd's own files -----------------------------------------------------------------------
+
+def check_config(paths: Paths, env: Mapping[str, str]) -> tuple[Check, Settings]:
+    try:
+        settings = load_settings(paths.config_file, env)
+    except ClawdError as e:
+        return error("config", f"{e.message} (checks below use the defaults)"), Settings()
+    where = paths.config_file if paths.config_file.exists() else f"{paths.config_file} (absent: defaults)"
+    return ok("config", str(where)), settings
+
+
+def gguf_architecture(path: Path) -> str:
+    """general.architecture from the GGUF header; raises ValueError when unreadable."""
+    with path.open("rb") as f:
+        if f.read(4) != b"GGUF":
+            raise ValueError("bad magic: not a GGUF file")
+    from gguf import GGUFReader
+
+    try:
+        field = GGUFReader(path).fields.get("general.architecture")
+    except Exception as e:  # the reader raises many kinds on a damaged header
+        raise ValueError(str(e) or type(e).__name__) from e
+    if field is None:
+        raise ValueError("no general.architecture key")
+    return str(field.contents())
+
+
+def check_model(settings: Settings, paths: Paths) -> tuple[Check, Path | None]:
+    """Returns the check and the model file to probe (None: nothing to load)."""
+    from clawd import models
+
+    if settings.model.engine == "fake":
+        return ok("model", "fake engine (for tests): no model file"), None
+    try:
+        choice = models.resolve_model(settings.model, paths, prepare=False)
+    except ClawdError as e:
+        return error("model", e.message), None
+    if not choice.path.is_file():
+        if choice.embedded:
+            return warning("model", f"embedded {choice.id} not unpacked yet: `clawd serve` unpacks it "
+                                    f"on first start into {choice.path}"), None
+        return error("model", f"{choice.path} does not exist: fix model.path in config.toml "
+                              "(empty = the embedded model)"), None
+    size = choice.path.stat().st_size / 1e6
+    try:
+        arch = gguf_architecture(choice.path)
+    except (OSError, ValueError) as e:
+        return error("model", f"{choice.path} is not a readable GGUF file ({e}): re-download it "
+                              "or point model.path at another model"), choice.path
+    return ok("model", f"{choice.id}: {choice.path} ({size:.1f} MB, GGUF, architecture {arch})"), choice.path
+
+
+def check_engine(settings: Settings, model_path: Path | None, env: Mapping[str, str]) -> Check:
+    """Load the model with llama.cpp in a child process and generate one token."""
+    if settings.model.engine == "fake":
+        return ok("engine", "fake engine: nothing to load")
+    if model_path is None:
+        return warning("engine", "not tested: no model file to load")
+    argv = [sys.executable, "-m", "clawd.doctor", "probe", str(model_path),
+            str(min(settings.model.n_ctx, PROBE_N_CTX)), str(settings.model.n_threads)]
+    try:
+        p = subprocess.run(argv, capture_output=True, text=True, timeout=PROBE_TIMEOUT_S, env=dict(env))
+    except subprocess.TimeoutExpired:
+        return error("engine", f"loading {model_path.name} and generating 1 token took over "
+                               f"{PROBE_TIMEOUT_S} s: the machine is overloaded or the model too large for it")
+    lines = p.stdout.strip().splitlines()
+    try:
+        out = json.loads(lines[-1]) if lines else {}
+    except json.JSONDecodeError:
+        out = {}
+    if p.returncode == 0 and "load_s" in out:
+        return ok("engine", f"llama.cpp loaded {model_path.name} in {out['load_s']:.2f} s, prompt + 1 token "
+                            f"in {out['token_ms']:.1f} ms (ctx {out['n_ctx']}, {out['threads']} threads)")
+    if "error" in out:
+        return error("engine", out["error"])
+    tail = (p.stderr.strip().splitlines() or ["no output"])[-1]
+    return error("engine", f"llama.cpp crashed loading {model_path.name} (exit code {p.returncode}: {tail}); "
+                           "re-download the model or pick another")
+
+
+def _probe(path: str, n_ctx: int, n_threads: int) -> dict:
+    from clawd.engines.base import SamplingParams
+    from clawd.engines.llamacpp import Engine
+
+    t0 = time.perf_counter()
+    engine = Engine(Path(path), n_ctx=n_ctx, n_threads=n_threads)
+    t1 = time.perf_counter()
+    ids = engine.tokenize("Hello", add_bos=engine.info.add_bos)
+    tokens = list(engine.generate(ids, SamplingParams(max_tokens=1, temperature=0.0)))
+    t2 = time.perf_counter()
+    engine.close()
+    if len(tokens) != 1:
+        raise ClawdError(f"llama.cpp produced {len(tokens)} tokens instead of 1")
+    return {"load_s": t1 - t0, "token_ms": (t2 - t1) * 1000, "n_ctx": engine.info.n_ctx,
+            "threads": n_threads or os.cpu_count()}
+
+
+def check_database(paths: Paths) -> Check:
+    db = paths.db_file
+    if not db.exists():
+        return ok("database", f"none yet: `clawd serve` creates {db}")
+    try:
+        con = sqlite3.connect(f"file:{quote(str(db))}?mode=ro", uri=True, timeout=5)
+        try:
+            result = [r[0] for r in con.execute("PRAGMA integrity_check")]
+            tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+            turns = con.execute("SELECT COUNT(*) FROM turns").fetchone()[0] if "turns" in tables else 0
+        finally:
+            con.close()
+    except sqlite3.Error as e:
+        return error("database", f"{db} cannot be read ({e}): move it aside and let `clawd serve` start a new one")
+    if result != ["ok"]:
+        return error("database", f"{db} is damaged ({'; '.join(result[:3])}): stop clawd, then recover it with "
+                                 f"`sqlite3 {db} .recover | sqlite3 fixed.db`, or move it aside")
+    return ok("database", f"{db}: integrity ok, {turns} turns")
+
+
+# ---- the running daemon ------------------------------------------------------------------------
+
+def check_service(platform: str, env: Mapping[str, str], runner) -> Check:
+    try:
+        st = service.status(platform, env, runner=runner)
+    except ClawdError as e:
+        return ok("service", e.message)
+    if not st.installed:
+        return ok("service", "not installed (optional: `clawd service install` starts clawd at login)")
+    detail = f"{st.manager} unit {st.unit_path}: {st.enabled or '-'}, {st.state}"
+    if not st.active:
+        return warning("service", f"{detail}; see why with `clawd service logs`")
+    if st.linger is False:
+        user = env.get("USER") or env.get("LOGNAME") or "$USER"
+        return warning("service", f"{detail}; lingering is off, so it stops at logout: "
+                                  f"loginctl enable-linger {user}")
+    return ok("service", detail)
+
+
+def check_port(host: str, port: int, token: str | None = None, *, http_timeout: float = 3.0) -> Check:
+    """Is something listening on the API port, and is it clawd?"""
+    if port == 0:
+        return ok("port", "server.port = 0: any free port is taken at start")
+    if host in ("0.0.0.0", "::", ""):
+        host = "127.0.0.1"
+    where = f"{host}:{port}"
+    try:
+        with socket.create_connection((host, port), timeout=1.0):
+            pass
+    except OSError:
+        return ok("port", f"{where} is free for `clawd serve`")
+    import httpx
+
+    base = f"http://{'[' + host + ']' if ':' in host else host}:{port}"
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    try:
+        r = httpx.get(base + "/clawd/status", headers=headers, timeout=http_timeout)
+        body = r.json() if r.headers.get("content-type", "").startswith("application/json") else {}
+    except (httpx.HTTPError, ValueError):
+        body = {}
+    if isinstance(body, dict) and "version" in body and "pid" in body:
+        return ok("port", f"{where}: clawd {body['version']} is running there (pid {body['pid']}, "
+                          f"model {body.get('model')})")
+    return error("port", f"{where} is taken by another program (not clawd): stop it, or set server.port "
+                         "in config.toml")
+
+
+# ---- all together -------------------------------------------------------------------------------
+
+def run_checks(paths: Paths, env: Mapping[str, str], *, engine_test: bool = True,
+               platform: str = sys.platform, runner=service.run_command) -> list[Check]:
+    """Every check, in the order a user would fix them."""
+    from clawd.token import read_token
+
+    checks = [check_python(), *check_packages()]
+    config, settings = check_config(paths, env)
+    checks.append(config)
+    model, model_path = check_model(settings, paths)
+    checks.append(model)
+    if engine_test:
+        checks.append(check_engine(settings, model_path, env))
+    checks += [check_blas(), check_mlx(), check_disk(paths), check_database(paths),
+               check_service(platform, env, runner)]
+    try:
+        token = read_token(paths.token_file) if paths.token_file.is_file() else None
+    except ClawdError:
+        token = None  # an unreadable token only matters to remote clients; the port check goes on
+    checks.append(check_port(settings.server.host, settings.server.port, token))
+    return checks
+
+
+def format_checks(checks: list[Check]) -> str:
+    width = max(len(c.check) for c in checks)
+    return "\n".join(f"{c.level:<7}  {c.check:<{width}}  {c.detail}" for c in checks)
+
+
+def to_json(checks: list[Check]) -> str:
+    return json.dumps({"ok": not any(c.level == "error" for c in checks),
+                       "checks": [asdict(c) for c in checks]}, indent=2)
+
+
+def _probe_main(argv: list[str]) -> int:
+    """`python -m clawd.doctor probe PATH N_CTX N_THREADS`: one JSON line on stdout."""
+    import logging
+
+    logging.basicConfig(level=logging.ERROR, stream=sys.stderr)
+    path, n_ctx, n_threads = argv[0], int(argv[1]), int(argv[2])
+    try:
+        print(json.dumps(_probe(path, n_ctx, n_threads)))
+    except ClawdError as e:
+        print(json.dumps({"error": e.message}))
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] != ["probe"]:
+        sys.exit("usage: python -m clawd.doctor probe MODEL.gguf N_CTX N_THREADS (use `clawd doctor`)")
+    sys.exit(_probe_main(sys.argv[2:]))
