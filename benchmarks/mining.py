@@ -14,7 +14,7 @@ Everything runs through real `clawd serve` subprocesses (CLAWD_HOME in a temp di
 
 The conversation set is seeded once with mining disabled and the database copied into a
 fresh home for every phase, so every phase starts from the same backlog. Usage:
-    python benchmarks/mining.py [--model PATH] [--requests 40] [--conversations 30]
+    python benchmarks/mining.py [--model PATH] [--requests 40] [--conversations 24]
                                 [--judges rules,self,gguf] [--json OUT]
 """
 
@@ -259,6 +259,9 @@ def mine_until_drained(d: Daemon, expected: int, timeout_s: float) -> dict:
             "rewards": dict(collections.Counter(str(r["reward"]) for r in mined)),
             "sources": dict(collections.Counter(r["reward_source"] for r in mined)),
             "with_hint": sum(1 for r in mined if r["hint"]), "busy_share": busy_polls / polls,
+            # LLM votes that parsed to a score (a small judge often forgets its \\boxed{})
+            "votes_valid": sum(v is not None for r in mined for v in r["votes"]),
+            "votes_total": sum(len(r["votes"]) for r in mined),
             "signals": mined}
 
 
@@ -278,7 +281,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", type=Path, help="GGUF file (default: the embedded Gemma 3 270M)")
     ap.add_argument("--requests", type=int, default=40, help="measured user requests per TTFT phase")
-    ap.add_argument("--conversations", type=int, default=30, help="seeded conversations (mixed kinds)")
+    ap.add_argument("--conversations", type=int, default=24, help="seeded conversations (mixed kinds)")
     ap.add_argument("--judges", default="rules,self,gguf",
                     help="comma list for the mining-rate runs: rules, self, gguf (= gguf:<model file>)")
     ap.add_argument("--votes", type=int, default=3, help="judge votes per turn (mining.votes)")
@@ -286,12 +289,13 @@ def main() -> None:
     ap.add_argument("--answer-tokens", type=int, default=48, help="max_tokens of the seeded answers")
     ap.add_argument("--gap-min", type=float, default=0.5)
     ap.add_argument("--gap-max", type=float, default=2.0)
-    ap.add_argument("--mine-timeout", type=float, default=240.0, help="cap per mining-rate run, seconds")
+    ap.add_argument("--mine-timeout", type=float, default=300.0, help="cap per mining-rate run, seconds")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 2)
     ap.add_argument("--seed", type=int, default=0, help="seed of the request gaps")
     ap.add_argument("--json", type=Path, help="write the raw results here")
     args = ap.parse_args()
     t_start = time.perf_counter()
+    load_start = os.getloadavg()[0]
 
     from clawd.models import ensure_embedded_model
 
@@ -362,6 +366,8 @@ def main() -> None:
 
     wall = time.perf_counter() - t_start
     results["wall_s"] = wall
+    # Anything else on the machine shows up as TTFT outliers: say how loaded it was.
+    results["loadavg_1min"] = {"start": load_start, "end": os.getloadavg()[0]}
     report(results, args, convs, commands, wall)
     if args.json:
         args.json.write_text(json.dumps(results, indent=2, default=str))
@@ -376,7 +382,8 @@ def report(results: dict, args, convs, commands: dict, wall: float) -> None:
     print()
     print(f"model {results['model']}, {args.threads} threads, {len(convs)} seeded conversations, "
           f"{len(idle)} requests per phase (max_tokens {args.max_tokens}, gaps {args.gap_min}-{args.gap_max} s), "
-          f"judge votes {args.votes}")
+          f"judge votes {args.votes}; 1-min load average {results['loadavg_1min']['start']:.2f} at start, "
+          f"{results['loadavg_1min']['end']:.2f} at end")
     print()
     print("| TTFT (send -> first content chunk) | idle: mining off (anchor) | busy: mining on, judge self | "
           "ratio busy/idle | goal |")
@@ -403,8 +410,8 @@ def report(results: dict, args, convs, commands: dict, wall: float) -> None:
     if mining:
         anchor = mining.get("rules", {}).get("per_min")
         print("| judge (evaluative + hint) | signals mined | time s | signals/min | vs rules | rewards +1/0/-1 "
-              "| reward sources | with hint | judge error |")
-        print("|---|---|---|---|---|---|---|---|---|")
+              "| reward sources | with hint | LLM votes parsed | judge error |")
+        print("|---|---|---|---|---|---|---|---|---|---|")
         for name, m in mining.items():
             rw = m["rewards"]
             vs = f"{m['per_min'] / anchor:.3f}x" if anchor else "n/a"
@@ -412,6 +419,7 @@ def report(results: dict, args, convs, commands: dict, wall: float) -> None:
             print(f"| {name} | {m['mined']}{to} | {m['elapsed_s']:.1f} | {m['per_min']:.1f} | {vs} | "
                   f"{rw.get('1', 0)}/{rw.get('0', 0)}/{rw.get('-1', 0)} | "
                   f"{', '.join(f'{k} {v}' for k, v in sorted(m['sources'].items()))} | {m['with_hint']} | "
+                  f"{m['votes_valid']}/{m['votes_total']} | "
                   f"{m['judge_error'] or ''} |")
         print()
     print(f"wall time {wall:.0f} s. Command: python {shlex.join(sys.argv)}")

@@ -656,6 +656,11 @@ class ServedModelCompleter:
         self.chat = chat
         self.source = source
 
+    async def aclose(self) -> None:
+        """Free a second model this judge loaded; the served model is not the judge's to close."""
+        if self.source == "gguf":
+            await asyncio.get_running_loop().run_in_executor(None, self.chat.runner.close)
+
     async def complete(self, messages: list[dict], *, temperature: float, max_tokens: int,
                        seed: int | None) -> str:
         # deferred: engines.base pulls in numpy, and `clawd --help` must stay light

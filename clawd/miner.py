@@ -273,6 +273,7 @@ class Miner:
             if judge is not None:
                 try:
                     verdict = await judge.evaluate(inp)
+                    self.status.judge_error = None  # it answered: whatever failed before has recovered
                 except ContextLengthExceeded:
                     verdict = None  # the turn does not fit the judge: no evaluative signal
             if verdict is None:

@@ -20,9 +20,9 @@ import httpx
 import numpy as np
 import pytest
 
-from clawd.config import GenerationSettings, MiningSettings
+from clawd.config import MiningSettings
 from clawd.engines.base import ScoreResult
-from clawd.engines.fake import EOS, VOCAB
+from clawd.engines.fake import VOCAB
 from clawd.engines.fake import Engine as FakeEngine
 from clawd.engines.runner import EngineRunner
 from clawd.errors import ContextLengthExceeded
@@ -456,6 +456,25 @@ def test_a_poke_during_a_step_is_not_lost():
     calls = asyncio.run(go())
     assert len(calls) >= 2, "the poke made during the step was lost (the next step waits for the poll)"
     assert calls[1] - calls[0] < 1.0
+
+
+def test_stopping_the_miner_mid_write_leaves_the_store_writable(tmp_path):
+    """Miner.stop() cancels whatever the miner awaits, including the BEGIN of a write; the
+    daemon's one connection must not be left inside a transaction that nobody ends."""
+    async def go():
+        db = await Database.open(tmp_path / "clawd.db")
+        try:
+            task = asyncio.create_task(signals.create_missing(db))
+            await asyncio.sleep(0)  # the miner's write is now waiting on BEGIN IMMEDIATE
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            # every later write (turns, feedback, signals) goes through the same connection
+            assert await asyncio.wait_for(signals.create_missing(db), 10) == 0
+            assert not db.conn.in_transaction
+        finally:
+            await db.close()
+
+    asyncio.run(go())
 
 
 # --- veto, forget, errors --------------------------------------------------------------------------

@@ -4,6 +4,8 @@ selected hint, with teacher arrays over the turn's own sampled tokens."""
 
 from __future__ import annotations
 
+import time
+
 import httpx
 import numpy as np
 import pytest
@@ -49,7 +51,6 @@ def test_scripted_conversation_on_the_real_model(real_mining_daemon):
             ask(msgs + [{"role": "assistant", "content": reply}, {"role": "user", "content": then}])
         return tid
 
-    import time
     t0 = time.monotonic()
     thanked = exchange("What is the capital of France?", "Thanks, that's perfect!")
     corrected = exchange("Suggest a color for my living room.", "No, I meant a warm color like red or orange.")

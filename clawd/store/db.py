@@ -130,10 +130,13 @@ class Database:
         async with self._write_lock:
             self._tx_owner = task
             try:
-                # IMMEDIATE takes the write lock now, so a concurrent writer in another
-                # process waits on busy_timeout here rather than failing at COMMIT.
-                await self.conn.execute("BEGIN IMMEDIATE")
                 try:
+                    # IMMEDIATE takes the write lock now, so a concurrent writer in another
+                    # process waits on busy_timeout here rather than failing at COMMIT.
+                    # Inside the try: a task cancelled while awaiting it still has it run
+                    # on aiosqlite's thread, and must roll it back, or the connection stays
+                    # inside a transaction and every later write fails.
+                    await self.conn.execute("BEGIN IMMEDIATE")
                     yield self.conn
                     await self.conn.commit()
                 except BaseException:
