@@ -262,6 +262,9 @@ def mine_until_drained(d: Daemon, expected: int, timeout_s: float) -> dict:
             # LLM votes that parsed to a score (a small judge often forgets its \\boxed{})
             "votes_valid": sum(v is not None for r in mined for v in r["votes"]),
             "votes_total": sum(len(r["votes"]) for r in mined),
+            # chosen hints by where they came from: the user's own words, feedback, or a judge
+            "hint_sources": dict(collections.Counter(h["source"] for r in mined for h in r["hints"]
+                                                     if h["text"] == r["hint"])),
             "signals": mined}
 
 
@@ -314,8 +317,10 @@ def main() -> None:
         # -- seed once, mining off ---------------------------------------------------
         t = time.perf_counter()
         d = Daemon(seed_home, model, args.threads, mining_env(False))
-        seed(d, convs, args.answer_tokens)
-        d.stop()
+        try:
+            seed(d, convs, args.answer_tokens)
+        finally:
+            d.stop()
         results["seed_s"] = time.perf_counter() - t
         print(f"seeded {len(convs)} conversations in {results['seed_s']:.1f} s "
               f"({collections.Counter(k for k, _, _ in convs)})", flush=True)
@@ -410,7 +415,7 @@ def report(results: dict, args, convs, commands: dict, wall: float) -> None:
     if mining:
         anchor = mining.get("rules", {}).get("per_min")
         print("| judge (evaluative + hint) | signals mined | time s | signals/min | vs rules | rewards +1/0/-1 "
-              "| reward sources | with hint | LLM votes parsed | judge error |")
+              "| reward sources | with hint (chosen hint's source) | LLM votes parsed | judge error |")
         print("|---|---|---|---|---|---|---|---|---|---|")
         for name, m in mining.items():
             rw = m["rewards"]
@@ -418,7 +423,8 @@ def report(results: dict, args, convs, commands: dict, wall: float) -> None:
             to = f" (timed out, {m['pending']} pending)" if m["timed_out"] else ""
             print(f"| {name} | {m['mined']}{to} | {m['elapsed_s']:.1f} | {m['per_min']:.1f} | {vs} | "
                   f"{rw.get('1', 0)}/{rw.get('0', 0)}/{rw.get('-1', 0)} | "
-                  f"{', '.join(f'{k} {v}' for k, v in sorted(m['sources'].items()))} | {m['with_hint']} | "
+                  f"{', '.join(f'{k} {v}' for k, v in sorted(m['sources'].items()))} | {m['with_hint']} ("
+                  f"{', '.join(f'{k} {v}' for k, v in sorted(m['hint_sources'].items()))}) | "
                   f"{m['votes_valid']}/{m['votes_total']} | "
                   f"{m['judge_error'] or ''} |")
         print()

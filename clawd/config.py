@@ -74,6 +74,8 @@ class MiningSettings:
     temperature: float = _f(0.6, "Judge sampling temperature.", min=0.0)
     top_k: int = _f(4, "Top-k tokens per position for overlap-guided hint selection and OPD.", min=1)
     max_hints: int = _f(3, "Hint candidates kept per turn (shortest first).", min=1)
+    quiet_s: float = _f(2.0, "Seconds after a user request before the miner may use the model again "
+                              "(keeps the conversation's prompt cache warm).", min=0.0)
     retry_s: float = _f(60.0, "First wait before retrying a failed judge (doubles, up to an hour).", min=0.0)
 
 

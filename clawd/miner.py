@@ -220,6 +220,7 @@ class Miner:
         if sig is None or turn is None:
             return
         read_at = sig.updated_at  # saves below are dropped if feedback re-opened the row meanwhile
+        await self.chat.runner.wait_quiet(self.settings.quiet_s)
         try:
             await self._evaluate(sig, turn)
             await self._direct(sig, turn)

@@ -76,7 +76,8 @@ def start_daemon(home: Path, engine, env_extra: dict | None = None) -> RunningDa
     from clawd import daemon
 
     # Mining is off unless a test turns it on: it would compete with what a test times.
-    env = make_env(home, **{"CLAWD_SERVER_PORT": 0, "CLAWD_MINING_ENABLED": 0, **(env_extra or {})})
+    env = make_env(home, **{"CLAWD_SERVER_PORT": 0, "CLAWD_MINING_ENABLED": 0, "CLAWD_MINING_QUIET_S": 0,
+                            **(env_extra or {})})
     paths = resolve_paths(env)
     ensure_dirs(paths)
     settings = load_settings(paths.config_file, env)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -30,6 +31,8 @@ class _Turnstile:
 
     def __init__(self):
         self._held = False
+        self.holder_background = False
+        self.last_foreground_end = 0.0  # time.monotonic()
         self._holder_cancel: threading.Event | None = None  # set when the holder is background
         self._waiters: dict[bool, deque[asyncio.Future]] = {False: deque(), True: deque()}
 
@@ -59,9 +62,12 @@ class _Turnstile:
 
     def _take(self, background: bool, cancel: threading.Event | None) -> None:
         self._held = True
+        self.holder_background = background
         self._holder_cancel = cancel if background else None
 
     def release(self) -> None:
+        if not self.holder_background:
+            self.last_foreground_end = time.monotonic()
         self._holder_cancel = None
         for background in (False, True):
             queue = self._waiters[background]
@@ -87,6 +93,18 @@ class EngineRunner:
     def queued(self) -> int:
         """User requests waiting for the engine (not counting the one it is serving)."""
         return self._gate.waiting(background=False)
+
+    async def wait_quiet(self, quiet_s: float) -> None:
+        """Wait until no user request has used or wanted the engine for `quiet_s`.
+        Background work that starts right after a user turn would evict that user's
+        prompt from the KV cache and sit in the way of their next message."""
+        gate = self._gate
+        while True:
+            user_active = gate.waiting(background=False) or (gate.held and not gate.holder_background)
+            remaining = gate.last_foreground_end + quiet_s - time.monotonic()
+            if not user_active and remaining <= 0:
+                return
+            await asyncio.sleep(max(remaining, 0.05) if not user_active else 0.1)
 
     async def call(self, fn: Callable[..., T], *args, background: bool = False, **kwargs) -> T:
         """Run one engine method on the engine thread, in turn. Background calls get a
