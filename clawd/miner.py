@@ -32,6 +32,7 @@ log = logging.getLogger(__name__)
 HINT_MARKER = "\n\n[user's hint / instruction]\n"
 RESTATE_SIMILARITY = 0.85  # a new user message this close to the previous one re-asks it
 PREEMPT_RETRY_S = 1.0
+MAX_ATTEMPTS = 5  # a turn that keeps failing for a non-judge reason is given up (empty)
 
 
 @dataclass
@@ -108,7 +109,7 @@ class Miner:
             if close:
                 await close()
 
-    def _judge(self, spec: str) -> judges.LLMJudge | None:
+    async def _judge(self, spec: str) -> judges.LLMJudge | None:
         """The judge for a config spec, built on first use. A judge that fails to come
         up (unreachable endpoint, bad model file) is retried after a back-off; meanwhile
         turns that need it stay pending, and `clawd status` shows why."""
@@ -117,7 +118,8 @@ class Miner:
         if time.time() < self._judge_retry_at:
             raise judges.JudgeUnavailable(self.status.judge_error or f"judge {spec} is unavailable")
         try:
-            self._judges[spec] = self._make_judge(spec)
+            # Off the event loop: a gguf judge loads a whole model.
+            self._judges[spec] = await asyncio.to_thread(self._make_judge, spec)
         except ClawdError as e:
             self._judge_retry_at = time.time() + self.settings.retry_s
             raise judges.JudgeUnavailable(f"judge {spec} could not start: {e.message}") from e
@@ -236,6 +238,15 @@ class Miner:
             await signals.save(self.db, sig, if_updated_at=read_at)
             log.warning("judge unavailable, turn %s retried later: %s", turn_id, e.message)
             return
+        except ClawdError as e:  # e.g. the engine failed on this turn: back off, then give up on it
+            sig.attempts += 1
+            sig.error = e.message
+            sig.retry_at = time.time() + min(3600.0, self.settings.retry_s * 2 ** (sig.attempts - 1))
+            if sig.attempts >= MAX_ATTEMPTS:
+                sig.status, sig.reward, sig.hint = "empty", 0, None
+            await signals.save(self.db, sig, if_updated_at=read_at)
+            log.warning("mining turn %s failed (attempt %d): %s", turn_id, sig.attempts, e.message)
+            return
         sig.status = "ready" if (sig.reward or sig.hint) else "empty"
         sig.error = None
         if await signals.save(self.db, sig, if_updated_at=read_at):
@@ -270,7 +281,7 @@ class Miner:
         else:
             inp = self._judge_input(sig, turn)
             verdict = self.rules.evaluate(inp)
-            judge = self._judge(self.settings.judge) if verdict is None else None
+            judge = await self._judge(self.settings.judge) if verdict is None else None
             if judge is not None:
                 try:
                     verdict = await judge.evaluate(inp)
@@ -292,7 +303,7 @@ class Miner:
             if own:
                 raw.append((own, "user"))
             # A clearly approved answer carries no hindsight; skip the costly hint judge.
-            hint_judge = self._judge(self.settings.hint_judge) if sig.reward != 1 else None
+            hint_judge = await self._judge(self.settings.hint_judge) if sig.reward != 1 else None
             if hint_judge is not None:
                 try:
                     raw += [(h, self.settings.hint_judge) for h in await hint_judge.hints(inp)]
@@ -330,7 +341,8 @@ class Miner:
         sig.teacher_top_logprobs = teacher.at_logprobs
 
     def _teacher_prompt(self, turn: turns.TurnRecord, hint: str) -> list[int]:
-        rendered = self.chat.format.render(teacher_messages(turn.request["messages"], hint))
+        # Same template and tools as the student's prompt: only the hint differs.
+        rendered = self.chat.format.render(teacher_messages(turn.request["messages"], hint), turn.request.get("tools"))
         info = self.chat.runner.engine.info
         return self.chat.runner.engine.tokenize(rendered.prompt, add_bos=rendered.add_bos and info.add_bos)
 

@@ -252,4 +252,4 @@ def test_mining_change_replaces_built_judges(clawd_home):
 
 
 async def _build(miner, spec):
-    return miner._judge(spec)
+    return await miner._judge(spec)

@@ -387,7 +387,7 @@ class Engine(base.Engine):
         if not prompt_ids or not target_ids:
             raise ValueError("score needs a non-empty prompt and target")
         seq = prompt_ids + target_ids
-        self._check_fits(len(seq))
+        self._check_fits(len(seq) - 1)  # the last token is scored, never decoded
         self._apply(adapter)
         n = len(target_ids)
         first = len(prompt_ids) - 1  # position whose logits predict target 0

@@ -64,6 +64,8 @@ class _Turnstile:
         self._held = True
         self.holder_background = background
         self._holder_cancel = cancel if background else None
+        if background and cancel is not None and self.waiting(False):
+            cancel.set()  # a user queued while ownership was being handed to us
 
     def release(self) -> None:
         if not self.holder_background:
