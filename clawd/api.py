@@ -118,10 +118,16 @@ def create_app(state: ApiState) -> FastAPI:
             return StreamingResponse(_sse(ts, include_usage), media_type="text/event-stream",
                                      headers={**headers, "Cache-Control": "no-cache",
                                               "X-Accel-Buffering": "no"})
+        # uvicorn does not cancel a plain handler when its client goes, so watch for that
+        # while the turn runs: a reply nobody will read is cancelled, not generated in full.
+        collect = asyncio.ensure_future(_collect(ts))
+        watch = asyncio.ensure_future(_cancel_on_disconnect(ts, request))
         try:
-            text = "".join([piece async for piece in ts])
+            text = await collect
             await _recorded(ts)
         finally:
+            watch.cancel()
+            collect.cancel()  # no-op when finished
             ts.cancel()  # no-op when finished; stops generation if this request was cancelled
         if ts.error:
             raise ts.error
@@ -268,6 +274,17 @@ def _summary(r: turns.TurnRecord) -> TurnSummary:
 def _openai_finish(reason: str | None) -> str:
     """clawd's own end states (cancelled, error) are not OpenAI finish reasons."""
     return reason if reason in ("stop", "length", "tool_calls", "content_filter") else "stop"
+
+
+async def _collect(ts: TurnStream) -> str:
+    return "".join([piece async for piece in ts])
+
+
+async def _cancel_on_disconnect(ts: TurnStream, request: Request, poll_s: float = 0.1) -> None:
+    """Cancel the turn once the client has gone (the turn then ends as 'cancelled')."""
+    while not await request.is_disconnected():
+        await asyncio.sleep(poll_s)
+    ts.cancel()
 
 
 async def _recorded(ts: TurnStream) -> None:

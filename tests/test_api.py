@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import threading
 import time
 
@@ -510,6 +511,38 @@ def test_client_disconnect_cancels_generation(slow_fake_daemon):
     elapsed = time.perf_counter() - t0
     assert r.json()["choices"][0]["message"]["content"] == "You said: next"
     assert elapsed < 0.02 * full_reply_tokens / 2, "the cancelled generation kept the engine busy"
+
+
+def test_client_disconnect_cancels_a_non_streaming_turn(slow_fake_daemon):
+    """uvicorn does not cancel a plain handler when its client goes; the daemon must notice
+    on its own and stop generating, so the turn ends 'cancelled' (not trainable) rather
+    than running to the end for nobody."""
+    d = slow_fake_daemon
+    msg = "".join(chr(ord("a") + i % 26) for i in range(200))
+    full_reply_tokens = len(f"You said: {msg}") + 1  # ~4.2 s at 20 ms a token
+    payload = json.dumps(body(user(msg))).encode()
+    host, port = d.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(b"POST " + CHAT.encode() + b" HTTP/1.1\r\nHost: " + host.encode()
+                     + b"\r\nContent-Type: application/json\r\nContent-Length: "
+                     + str(len(payload)).encode() + b"\r\n\r\n" + payload)
+        time.sleep(0.2)  # a few tokens in, then hang up without reading the reply
+    t_gone = time.perf_counter()
+    deadline = time.time() + 15
+    rows: list[turns.TurnRecord] = []
+    while not rows and time.time() < deadline:
+        rows = d.run(turns.list_turns(d.state.db))
+        time.sleep(0.02)
+    assert len(rows) == 1, "the turn was never recorded"
+    rec = rows[0]
+    assert rec.finish_reason == "cancelled"
+    assert 1 <= len(rec.response_ids) < full_reply_tokens // 4
+    assert f"You said: {msg}".startswith(rec.response_text)
+    assert time.perf_counter() - t_gone < 0.02 * full_reply_tokens / 2, "generation went on for nobody"
+
+    # the engine is free at once for the next client
+    r = HTTP.post(d.url + CHAT, json=body(user("next")), timeout=30)
+    assert r.json()["choices"][0]["message"]["content"] == "You said: next"
 
 
 def test_fair_queue_concurrent_streams(slow_fake_daemon):

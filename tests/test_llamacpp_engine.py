@@ -179,6 +179,24 @@ def test_generation_at_the_end_of_the_context(engine, ref):
     assert _max_abs(res.logprobs, ref.score(prompt, prompt[1:9], 1)[0]) < SCORE_ATOL
 
 
+def test_score_fills_the_context_exactly(engine, ref):
+    """Scoring decodes every token but the last, so prompt + target may fill n_ctx to the brim;
+    one more token is too many."""
+    filler = engine.tokenize("Hello the world and the sea. " * 40, add_bos=True)
+    assert len(filler) > N_CTX
+    seq = filler[:N_CTX]
+    prompt, target = seq[:200], seq[200:]
+    res = engine.score(prompt, target)
+    assert len(res.logprobs) == N_CTX - 200
+    assert _max_abs(res.logprobs, ref.score(prompt, target, 1)[0]) < SCORE_ATOL
+    with pytest.raises(ContextLengthExceeded, match=str(N_CTX)):
+        engine.score(prompt, filler[200:N_CTX + 1])
+    # Still right afterwards.
+    prompt = engine.tokenize(PROMPT, add_bos=True)
+    res = engine.score(prompt, prompt[1:9])
+    assert _max_abs(res.logprobs, ref.score(prompt, prompt[1:9], 1)[0]) < SCORE_ATOL
+
+
 # ---- runtime LoRA ------------------------------------------------------------------------
 
 

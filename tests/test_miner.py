@@ -25,8 +25,8 @@ from clawd.engines.base import ScoreResult
 from clawd.engines.fake import VOCAB
 from clawd.engines.fake import Engine as FakeEngine
 from clawd.engines.runner import EngineRunner
-from clawd.errors import ContextLengthExceeded
-from clawd.miner import HINT_MARKER, Miner, overlap
+from clawd.errors import ContextLengthExceeded, EngineError
+from clawd.miner import HINT_MARKER, MAX_ATTEMPTS, Miner, overlap
 from clawd.protocol import Message
 from clawd.store import signals, turns
 from clawd.store.db import Database
@@ -767,6 +767,56 @@ def test_missing_gguf_judge_is_reported_and_retried(clawd_home, http, tmp_path):
         d.stop()
 
 
+def test_a_turn_the_engine_fails_on_backs_off_then_is_given_up(clawd_home, http):
+    """A non-judge failure (the engine erring on one turn's scoring) backs that turn off
+    rather than crashing the step or retrying it forever ahead of everyone else; after
+    MAX_ATTEMPTS it is given up as 'empty'."""
+    engine = FakeEngine(n_ctx=2048)
+    d = mining_daemon(clawd_home, engine)
+    try:
+        a = Convo(d, http)
+        failing = a.say("Suggest a color for my living room.")
+        a.say(CORRECTION)
+        b = Convo(d, http)
+        fine = b.say("Suggest a paint for my kitchen walls.")
+        b.say(CORRECTION)
+        bad_response = stored_turn(d, failing).response_ids
+        real_score, failures = engine.score, []
+
+        def score(prompt_ids, target_ids, **kw):
+            if list(target_ids) == bad_response:
+                failures.append(1)
+                raise EngineError("llama_decode failed with code -3")
+            return real_score(prompt_ids, target_ids, **kw)
+
+        engine.score = score
+        t0 = time.time()
+        assert mine(d) == 2  # the failing turn (oldest) is attempted, the other one still mined
+        assert failures == [1]
+        sig = stored_signal(d, failing)
+        assert (sig.status, sig.attempts) == ("pending", 1)
+        assert "llama_decode failed" in sig.error
+        assert sig.retry_at > t0 + 30  # the first back-off is retry_s (60 s by default)
+        s = api_signal(http, d, fine)
+        assert (s["status"], s["reward"], s["hint"], s["teacher_arrays"]) == ("ready", -1, CORRECTION_HINT, True)
+        assert mine(d) == 0 and failures == [1]  # backing off: not retried at once
+
+        for attempt in range(2, MAX_ATTEMPTS + 1):
+            sig = stored_signal(d, failing)
+            sig.retry_at = 0.0  # as if the back-off had run out
+            d.run(signals.save(d.state.db, sig))
+            assert mine(d) == 1 and len(failures) == attempt
+            sig = stored_signal(d, failing)
+            assert sig.attempts == attempt and "llama_decode failed" in sig.error
+            assert sig.status == ("empty" if attempt == MAX_ATTEMPTS else "pending")
+        s = api_signal(http, d, failing)
+        assert (s["status"], s["reward"], s["hint"], s["teacher_arrays"]) == ("empty", 0, None, False)
+        assert mine(d) == 0 and len(failures) == MAX_ATTEMPTS  # given up: never mined again
+        assert api_signal(http, d, fine)["status"] == "ready"
+    finally:
+        d.stop()
+
+
 # --- overlap-guided hint selection (METHOD §4) ---------------------------------------------------
 
 
@@ -800,7 +850,7 @@ class ScriptedEngine:
         self.prompts[len(self.prompts) + 1000] = text
         return [len(self.prompts) + 999]
 
-    def score(self, prompt_ids, target_ids, *, top_k=0, adapter=None, at_ids=None, cancel=None):
+    def score(self, prompt_ids, target_ids, *, top_k=0, adapter=None, at_ids=None, cancel=None, slot=0):
         n = len(target_ids)
         self.calls.append({"prompt_ids": list(prompt_ids), "adapter": adapter, "at_ids": at_ids, "top_k": top_k})
         if adapter == "policy-1":  # the student: pi_old, the adapter being trained

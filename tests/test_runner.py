@@ -41,7 +41,7 @@ class Recorder:
         self.overlap = False
         self.lock = threading.Lock()
 
-    def work(self, name: str, hold: threading.Event | None = None, seconds: float = 0.0, cancel=None) -> str:
+    def work(self, name: str, hold: threading.Event | None = None, seconds: float = 0.0, cancel=None, slot=0) -> str:
         with self.lock:
             self.inside += 1
             self.overlap |= self.inside > 1
@@ -301,6 +301,31 @@ def test_ownership_handed_to_a_waiter_cancelled_at_that_moment_is_passed_on():
             await c
         assert not gate.held
         await asyncio.wait_for(gate.acquire(True, None), 5)
+
+    run(go())
+
+
+def test_background_handed_the_engine_while_a_user_queues_is_preempted_at_once():
+    """Ownership is handed to a background waiter, and before it resumes a user queues (so
+    there was no background holder to preempt yet): it must find its cancel event set."""
+    async def go():
+        gate = _Turnstile()
+        await gate.acquire(False, None)
+        cancel = threading.Event()
+        bg = asyncio.create_task(gate.acquire(True, cancel))
+        await asyncio.sleep(0)
+        assert gate.waiting(True) == 1
+        user = asyncio.create_task(gate.acquire(False, None))  # runs before `bg` wakes ...
+        gate.release()  # ... to the hand-off made here
+        await asyncio.wait_for(bg, 5)
+        assert gate.held and gate.holder_background
+        assert not user.done() and gate.waiting(False) == 1
+        assert cancel.is_set()  # preempted as soon as it holds the engine
+        gate.release()
+        await asyncio.wait_for(user, 5)
+        assert gate.held and not gate.holder_background
+        gate.release()
+        assert not gate.held and gate.waiting() == 0
 
     run(go())
 

@@ -158,6 +158,22 @@ def test_jinja_runtime_template_error_is_invalid_request():
     assert ei.value.status == 400
 
 
+@pytest.mark.parametrize("template, cause", [
+    ("{{ messages | items | list }}", TypeError),  # the filter raises a plain TypeError on a list
+    ("{% for m in messages %}{{ 1 + m.content }}{% endfor %}", TypeError),  # int + str
+    ("{{ messages[0].content | sum }}", TypeError),
+    ("{% for i in range(0, messages | length, 0) %}{{ i }}{% endfor %}", ValueError),
+])
+def test_jinja_plain_errors_on_the_messages_are_invalid_request(template, cause):
+    """Filters and operators raise plain Python errors, not jinja2.TemplateError: still the
+    client's 400, never a crash (500)."""
+    with pytest.raises(InvalidRequest) as ei:
+        JinjaFormat(template, "", "").render(msgs(("user", "hi")))
+    assert ei.value.status == 400
+    assert "chat template failed" in ei.value.message
+    assert isinstance(ei.value.__cause__, cause)
+
+
 def test_unparseable_template_is_config_error():
     with pytest.raises(ConfigError):
         JinjaFormat("{% for m in messages %}{{ m.content }", "<s>", "</s>")

@@ -116,6 +116,7 @@ class Engine(abc.ABC):
         *,
         adapter: str | None = None,
         cancel: threading.Event | None = None,
+        slot: int = 0,
     ) -> Iterator[SampledToken]:
         """Sample up to params.max_tokens tokens after prompt_ids.
 
@@ -125,6 +126,8 @@ class Engine(abc.ABC):
             params: sampling parameters.
             adapter: id of a loaded adapter to apply (scale 1), or None for the base model.
             cancel: when set, generation stops before the next token.
+            slot: 0 for user turns, 1 for background work; engines that cache prompts
+                keep one cache per slot, so background work never evicts the user's.
         Returns: an iterator of SampledToken; the last one has is_end=True when the model
             ended on its own. Closing the iterator early stops generation.
         Raises:
@@ -143,6 +146,7 @@ class Engine(abc.ABC):
         adapter: str | None = None,
         at_ids: np.ndarray | None = None,
         cancel: threading.Event | None = None,
+        slot: int = 0,
     ) -> ScoreResult:
         """Log-prob of every target token given the prompt and the targets before it.
 
@@ -154,6 +158,7 @@ class Engine(abc.ABC):
             at_ids: int (n, m): also return the log-probs of these tokens at each
                 position (a teacher scored at the student's top-k tokens).
             cancel: when set, stop between decode chunks and raise Preempted.
+            slot: the prompt-cache slot, as in generate().
         Returns: ScoreResult with n = len(target_ids) rows.
         Raises:
             ContextLengthExceeded: prompt + targets do not fit the context.

@@ -88,7 +88,7 @@ class Engine(base.Engine):
             return lp
         return np.full(VOCAB, self._lp_uniform)
 
-    def generate(self, prompt_ids, params, *, adapter=None, cancel=None) -> Iterator[base.SampledToken]:
+    def generate(self, prompt_ids, params, *, adapter=None, cancel=None, slot=0) -> Iterator[base.SampledToken]:
         self._check(len(prompt_ids), adapter)
         budget = min(params.max_tokens, self._info.n_ctx - len(prompt_ids))
         return self._generate(list(prompt_ids), params, adapter, budget, cancel)
@@ -115,7 +115,7 @@ class Engine(base.Engine):
             yield base.SampledToken(tok, _piece(tok), float(lp[tok]))
 
     def score(self, prompt_ids, target_ids, *, top_k=0, adapter=None, at_ids=None,
-              cancel=None) -> base.ScoreResult:
+              cancel=None, slot=0) -> base.ScoreResult:
         if not prompt_ids or not target_ids:
             raise ValueError("score needs a non-empty prompt and target")
         if cancel is not None and cancel.is_set():

@@ -103,7 +103,8 @@ class Engine(base.Engine):
         cparams.n_ubatch = n_batch
         cparams.n_threads = threads
         cparams.n_threads_batch = threads
-        cparams.n_seq_max = 1
+        cparams.n_seq_max = 2
+        cparams.kv_unified = True
         # A full-size sliding-window cache lets us drop a suffix of the KV cache and
         # reuse the prefix (Gemma 3 uses SWA); it costs little on small models.
         cparams.swa_full = True
@@ -119,7 +120,11 @@ class Engine(base.Engine):
         self._n_batch = n_batch
         self._batch = lc.llama_batch_init(n_batch, 0, 1)
         self._top_k = top_k
-        self._cached: list[int] = []  # tokens whose K/V are in the cache, in order
+        # Two KV sequences: slot 0 for user turns, slot 1 for background work (judging,
+        # scoring), so the miner never evicts the conversation's cached prompt. They share
+        # the n_ctx cells (kv_unified); tokens whose K/V each slot holds, in order:
+        self._caches: dict[int, list[int]] = {0: [], 1: []}
+        self._slot = 0
         self._adapters: dict[str, object] = {}
         self._applied: str | None = None
         self._piece_buf = ctypes.create_string_buffer(256)
@@ -201,6 +206,20 @@ class Engine(base.Engine):
                 f"{n_tokens}: shorten the messages (or raise model.n_ctx)."
             )
 
+    @property
+    def _cached(self) -> list[int]:
+        return self._caches[self._slot]
+
+    def _use_slot(self, slot: int) -> None:
+        if slot not in self._caches:
+            raise ValueError(f"slot must be 0 or 1, got {slot}")
+        self._slot = slot
+
+    def _forget_all(self) -> None:
+        self._lc.llama_memory_clear(self._lc.llama_get_memory(self._ctx), True)
+        for cache in self._caches.values():
+            cache.clear()
+
     def _reuse_prefix(self, tokens: Sequence[int], limit: int) -> int:
         """Keep the cached K/V of the longest common prefix (at most `limit` tokens),
         drop the rest, and return how many tokens are kept."""
@@ -212,8 +231,8 @@ class Engine(base.Engine):
             keep += 1
         mem = lc.llama_get_memory(self._ctx)
         if keep < len(self._cached):
-            if not lc.llama_memory_seq_rm(mem, 0, keep, -1):
-                lc.llama_memory_clear(mem, True)
+            if not lc.llama_memory_seq_rm(mem, self._slot, keep, -1):
+                lc.llama_memory_seq_rm(mem, self._slot, -1, -1)  # removing a whole sequence never fails
                 keep = 0
         del self._cached[keep:]
         return keep
@@ -227,14 +246,19 @@ class Engine(base.Engine):
             b.token[i] = tok
             b.pos[i] = start_pos + i
             b.n_seq_id[i] = 1
-            b.seq_id[i][0] = 0
+            b.seq_id[i][0] = self._slot
             b.logits[i] = want_logits[i]
         b.n_tokens = n
         rc = lc.llama_decode(self._ctx, b)
+        other = 1 - self._slot
+        if rc == 1 and self._caches[other]:
+            # No free KV cells: the other slot's cache is only a speed-up, drop it and retry.
+            lc.llama_memory_seq_rm(lc.llama_get_memory(self._ctx), other, -1, -1)
+            self._caches[other].clear()
+            rc = lc.llama_decode(self._ctx, b)
         if rc != 0:
             # The cache may now hold part of the batch: forget it all rather than guess.
-            lc.llama_memory_clear(lc.llama_get_memory(self._ctx), True)
-            self._cached.clear()
+            self._forget_all()
             raise EngineError(f"llama_decode failed with code {rc}")
         self._cached.extend(tokens)
 
@@ -310,8 +334,7 @@ class Engine(base.Engine):
             rc = lc.llama_set_adapters_lora(self._ctx, arr, 1, scales)
         if rc != 0:
             raise EngineError(f"llama_set_adapters_lora failed with code {rc}")
-        lc.llama_memory_clear(lc.llama_get_memory(self._ctx), True)
-        self._cached.clear()
+        self._forget_all()
         self._applied = adapter_id
 
     # ---- generation --------------------------------------------------------------------
@@ -335,9 +358,11 @@ class Engine(base.Engine):
         *,
         adapter: str | None = None,
         cancel: threading.Event | None = None,
+        slot: int = 0,
     ) -> Iterator[base.SampledToken]:
         prompt_ids = list(prompt_ids)
         self._check_fits(len(prompt_ids))
+        self._use_slot(slot)
         self._apply(adapter)
         budget = min(params.max_tokens, self._info.n_ctx - len(prompt_ids))
         return self._generate(prompt_ids, params, budget, cancel)
@@ -382,8 +407,10 @@ class Engine(base.Engine):
         adapter: str | None = None,
         at_ids: np.ndarray | None = None,
         cancel: threading.Event | None = None,
+        slot: int = 0,
     ) -> base.ScoreResult:
         prompt_ids, target_ids = list(prompt_ids), list(target_ids)
+        self._use_slot(slot)
         if not prompt_ids or not target_ids:
             raise ValueError("score needs a non-empty prompt and target")
         seq = prompt_ids + target_ids

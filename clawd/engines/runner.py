@@ -110,11 +110,11 @@ class EngineRunner:
 
     async def call(self, fn: Callable[..., T], *args, background: bool = False, **kwargs) -> T:
         """Run one engine method on the engine thread, in turn. Background calls get a
-        `cancel` keyword (a threading.Event the runner sets to preempt them); a
-        preempted call raises Preempted."""
+        `cancel` keyword (a threading.Event the runner sets to preempt them; a preempted
+        call raises Preempted) and `slot=1` (the background prompt cache)."""
         cancel = threading.Event() if background else None
         if background:
-            kwargs["cancel"] = cancel
+            kwargs.update(cancel=cancel, slot=1)
         await self._gate.acquire(background, cancel)
         job = asyncio.get_running_loop().run_in_executor(self._thread, lambda: fn(*args, **kwargs))
         # Released when the thread is done, not when an impatient caller gives up.
@@ -134,7 +134,8 @@ class EngineRunner:
 
         def work() -> None:
             try:
-                for tok in self.engine.generate(prompt_ids, params, adapter=adapter, cancel=cancel):
+                for tok in self.engine.generate(prompt_ids, params, adapter=adapter, cancel=cancel,
+                                                slot=1 if background else 0):
                     loop.call_soon_threadsafe(queue.put_nowait, tok)
                     if cancel.is_set():
                         break
