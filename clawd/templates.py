@@ -107,7 +107,7 @@ class JinjaFormat:
                                            bos_token=self._bos, eos_token=self._eos)
         except InvalidRequest:
             raise
-        except (jinja2.TemplateError, TypeError, ValueError) as e:  # template filters raise plain errors too
+        except (jinja2.TemplateError, TypeError, ValueError, AttributeError) as e:  # filters raise plain errors too
             raise InvalidRequest(f"the model's chat template failed on these messages: {e}",
                                  param="messages") from e
         # The template writes BOS itself when it wants one; tokenizing must not add a second.
