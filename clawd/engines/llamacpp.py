@@ -11,6 +11,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+import re
 import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -32,6 +33,9 @@ _PREFILL_CHUNK = 128
 _BACKGROUND_CHUNK = 32
 _backend_ready = False
 _log_callback = None  # kept referenced: C holds a pointer to it
+# What llama.cpp logs as errors when we abort a background decode on purpose.
+_ABORT_NOISE = re.compile(rb"compute_async failed with error 1|failed to compute graph, compute status: 1|"
+                          rb"failed to decode, ret = 2")
 
 
 def _llama():
@@ -44,7 +48,7 @@ def _llama():
         # about harmless model quirks on every load, so only errors reach the user's log.
         @llama_cpp.llama_log_callback
         def _log_callback(level, text, _user):
-            if level == 4:
+            if level == 4 and not _ABORT_NOISE.search(text):
                 log.error("llama.cpp: %s", text.decode("utf-8", "replace").rstrip())
             elif log.isEnabledFor(logging.DEBUG):
                 log.debug("llama.cpp: %s", text.decode("utf-8", "replace").rstrip())
@@ -122,6 +126,12 @@ class Engine(base.Engine):
             raise ModelLoadError(f"llama.cpp could not create a context for {model_path} (out of memory?)")
         self._n_batch = n_batch
         self._batch = lc.llama_batch_init(n_batch, 0, 1)
+        # Background decodes can be aborted mid-graph (llama.cpp polls this callback), so a
+        # user waits for neither a whole chunk nor a whole token of miner work.
+        self._abort_when: threading.Event | None = None
+        self._abort_cb = lc.ggml_abort_callback(lambda _data: bool(self._abort_when and self._abort_when.is_set()))
+        self._abort_armed = False
+        self._no_abort = lc.ggml_abort_callback()  # a NULL function pointer
         self._top_k = top_k
         # Two KV sequences: slot 0 for user turns, slot 1 for background work (judging,
         # scoring), so the miner never evicts the conversation's cached prompt. They share
@@ -213,10 +223,11 @@ class Engine(base.Engine):
     def _cached(self) -> list[int]:
         return self._caches[self._slot]
 
-    def _use_slot(self, slot: int) -> None:
+    def _use_slot(self, slot: int, cancel: threading.Event | None = None) -> None:
         if slot not in self._caches:
             raise ValueError(f"slot must be 0 or 1, got {slot}")
         self._slot = slot
+        self._abort_when = cancel
 
     def _chunk(self, foreground: int) -> int:
         """Tokens per decode call between cancel checks, for the current slot."""
@@ -256,7 +267,12 @@ class Engine(base.Engine):
             b.seq_id[i][0] = self._slot
             b.logits[i] = want_logits[i]
         b.n_tokens = n
+        self._arm_abort(self._slot == 1 and self._abort_when is not None)
         rc = lc.llama_decode(self._ctx, b)
+        if rc == 2:  # aborted for a user: this slot's cache holds part of the batch, drop it
+            lc.llama_memory_seq_rm(lc.llama_get_memory(self._ctx), self._slot, -1, -1)
+            self._cached.clear()
+            raise Preempted("background work was preempted by a user request")
         other = 1 - self._slot
         if rc == 1 and self._caches[other]:
             # No free KV cells: the other slot's cache is only a speed-up, drop it and retry.
@@ -268,6 +284,12 @@ class Engine(base.Engine):
             self._forget_all()
             raise EngineError(f"llama_decode failed with code {rc}")
         self._cached.extend(tokens)
+
+    def _arm_abort(self, armed: bool) -> None:
+        """Only background decodes carry the callback: it takes the GIL each time it runs."""
+        if armed != self._abort_armed:
+            self._lc.llama_set_abort_callback(self._ctx, self._abort_cb if armed else self._no_abort, None)
+            self._abort_armed = armed
 
     def _logits_row(self, batch_index: int) -> np.ndarray:
         ptr = self._lc.llama_get_logits_ith(self._ctx, batch_index)
@@ -369,7 +391,7 @@ class Engine(base.Engine):
     ) -> Iterator[base.SampledToken]:
         prompt_ids = list(prompt_ids)
         self._check_fits(len(prompt_ids))
-        self._use_slot(slot)
+        self._use_slot(slot, cancel)
         self._apply(adapter)
         budget = min(params.max_tokens, self._info.n_ctx - len(prompt_ids))
         return self._generate(prompt_ids, params, budget, cancel)
@@ -417,7 +439,7 @@ class Engine(base.Engine):
         slot: int = 0,
     ) -> base.ScoreResult:
         prompt_ids, target_ids = list(prompt_ids), list(target_ids)
-        self._use_slot(slot)
+        self._use_slot(slot, cancel)
         if not prompt_ids or not target_ids:
             raise ValueError("score needs a non-empty prompt and target")
         seq = prompt_ids + target_ids
