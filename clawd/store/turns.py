@@ -304,26 +304,26 @@ async def delete_session(db: Database, session_id: str) -> list[str]:
     return [r[0] for r in rows]
 
 
-async def next_main_turn(db: Database, turn: TurnRecord) -> TurnRecord | None:
-    """The session's first main turn after `turn`: its request carries `turn`'s next state."""
+async def _adjacent_main_turn(db: Database, turn: TurnRecord, *, after: bool) -> TurnRecord | None:
+    """The session's nearest main turn after (or before) `turn`, in recording order."""
+    cmp, order = (">", "") if after else ("<", " DESC")
     return await _one(
         db,
         "SELECT * FROM turns WHERE session_id = ? AND turn_type = 'main' AND id != ?"
-        " AND (created_at > ? OR (created_at = ? AND rowid > (SELECT rowid FROM turns WHERE id = ?)))"
-        " ORDER BY created_at, rowid LIMIT 1",
+        f" AND (created_at {cmp} ? OR (created_at = ? AND rowid {cmp} (SELECT rowid FROM turns WHERE id = ?)))"
+        f" ORDER BY created_at{order}, rowid{order} LIMIT 1",
         (turn.session_id, turn.id, turn.created_at, turn.created_at, turn.id),
     )
+
+
+async def next_main_turn(db: Database, turn: TurnRecord) -> TurnRecord | None:
+    """The session's first main turn after `turn`: its request carries `turn`'s next state."""
+    return await _adjacent_main_turn(db, turn, after=True)
 
 
 async def previous_main_turn(db: Database, turn: TurnRecord) -> TurnRecord | None:
     """The session's last main turn before `turn` (the turn whose next state `turn` carries)."""
-    return await _one(
-        db,
-        "SELECT * FROM turns WHERE session_id = ? AND turn_type = 'main' AND id != ?"
-        " AND (created_at < ? OR (created_at = ? AND rowid < (SELECT rowid FROM turns WHERE id = ?)))"
-        " ORDER BY created_at DESC, rowid DESC LIMIT 1",
-        (turn.session_id, turn.id, turn.created_at, turn.created_at, turn.id),
-    )
+    return await _adjacent_main_turn(db, turn, after=False)
 
 
 async def find_requery_of(db: Database, turn_id: str) -> TurnRecord | None:
