@@ -27,6 +27,7 @@ from clawd.protocol import (ChatCompletionRequest, ModelCard, ModelList, Session
                             TurnSummary)
 from clawd import feedback
 from clawd.miner import forget_session
+from clawd.store import adapters as adapter_rows
 from clawd.store import signals, turns
 from clawd.store.db import Database
 
@@ -47,6 +48,8 @@ class ApiState:
     port: int
     home: str
     config: object | None = None  # clawd.reload.ReloadState while config.toml is watched
+    registry: object | None = None  # clawd.adapters.Registry
+    scheduler: object | None = None  # clawd.scheduler.Scheduler (None: no training on this engine)
     started: float = field(default_factory=time.time)
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -170,6 +173,7 @@ def create_app(state: ApiState) -> FastAPI:
             db_path=str(state.db.path), home=state.home,
             signals=await signals.counts(state.db),
             miner=_miner_status(state.miner),
+            training=state.scheduler.status.public() if state.scheduler is not None else None,
             config=state.config.public() if state.config is not None else None,
         )
 
@@ -230,7 +234,8 @@ def create_app(state: ApiState) -> FastAPI:
         ids = await forget_session(state.db, session_id)
         if not ids:
             raise NotFound(f"No session {session_id!r}.")
-        return {"session_id": session_id, "forgotten_turns": len(ids)}
+        retired = await state.registry.retire_forgotten() if state.registry is not None else []
+        return {"session_id": session_id, "forgotten_turns": len(ids), "retired_adapters": retired}
 
     @app.get("/clawd/sessions", response_model=list[SessionSummary], dependencies=auth)
     async def list_sessions(limit: int = 100):
@@ -249,6 +254,68 @@ def create_app(state: ApiState) -> FastAPI:
         if rec is None:
             raise NotFound(f"No turn {turn_id!r}: turn ids come from the X-Clawd-Turn-Id header.")
         return _summary(rec)
+
+    def _registry():
+        if state.registry is None:
+            raise NotFound("adapters are not available with this engine")
+        return state.registry
+
+    def _scheduler():
+        if state.scheduler is None:
+            raise NotFound("training is not available with this engine (it needs a GGUF model and MLX)")
+        return state.scheduler
+
+    @app.get("/clawd/adapters", dependencies=auth)
+    async def list_adapters():
+        active = state.chat.active_adapter()
+        return {"active": active, "adapters": [r.public() for r in await adapter_rows.list_all(state.db)]}
+
+    @app.get("/clawd/adapters/{adapter_id}", dependencies=auth)
+    async def show_adapter(adapter_id: str):
+        return (await _registry().get(adapter_id)).public()
+
+    @app.post("/clawd/adapters/{adapter_id}/activate", dependencies=auth)
+    async def activate_adapter(adapter_id: str):
+        """Hot-swap an adapter in (`base` = no adapter), verified live."""
+        rec = await _registry().activate(None if adapter_id == "base" else adapter_id)
+        return {"active": rec.id if rec else None}
+
+    @app.post("/clawd/adapters/rollback", dependencies=auth)
+    async def rollback_adapter():
+        rec = await _registry().rollback()
+        return {"active": rec.id if rec else None}
+
+    @app.post("/clawd/adapters/{adapter_id}/export", dependencies=auth)
+    async def export_adapter(adapter_id: str, request: Request):
+        """{"format": "mlx"|"gguf"|"peft", "path": "..."}: written on this machine."""
+        try:
+            body = await request.json()
+        except ValueError:
+            raise InvalidRequest("send a JSON body {\"format\": ..., \"path\": ...}") from None
+        if not isinstance(body, dict) or not isinstance(body.get("path"), str):
+            raise InvalidRequest("'path' (a string) is required", param="path")
+        out = await _registry().export(adapter_id, str(body.get("format", "gguf")), body["path"])
+        return {"adapter_id": adapter_id, "path": str(out)}
+
+    @app.get("/clawd/training", dependencies=auth)
+    async def training_status():
+        sched = _scheduler()
+        st = sched.status.public()
+        if not sched.running:
+            st["reason"] = (await sched.should_train())[1]
+        return st
+
+    @app.post("/clawd/training", dependencies=auth)
+    async def start_training():
+        """Train now on the ready signals (ignores the idle/window rules)."""
+        job_id = await _scheduler().run_now()
+        return {"job_id": job_id, "state": "running"}
+
+    @app.post("/clawd/training/stop", dependencies=auth)
+    async def stop_training():
+        """Stop the run at its next optimizer step; the next run resumes it."""
+        await _scheduler().stop_run()
+        return _scheduler().status.public()
 
     return app
 

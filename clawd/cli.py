@@ -104,6 +104,7 @@ def cmd_status(args) -> int:
         ("logged", f"{status['turns']} turns in {status['sessions']} sessions"),
         ("signals", ", ".join(f"{v} {k}" for k, v in status.get("signals", {}).items()) or "-"),
         ("miner", _miner_line(status.get("miner"))),
+        ("training", (status.get("training") or {}).get("state", "unavailable")),
         ("config", _config_line(status.get("config"))),
         ("database", status["db_path"]),
     ]
@@ -160,6 +161,109 @@ def cmd_forget(args) -> int:
     out = _daemon_call(args, "DELETE", f"/clawd/sessions/{args.session_id}")
     print(f"forgot session {out['session_id']}: {out['forgotten_turns']} turns and their signals deleted")
     return 0
+
+
+def _adapter_line(a: dict, active: str | None) -> str:
+    gate = a.get("gate") or {}
+    gain = gate.get("gain")
+    mark = "*" if a["id"] == active else " "
+    gate_txt = (f"gate {'pass' if gate.get('passed') else 'FAIL'} gain {gain:+.4f} KL {gate.get('kl_to_base', 0):.4f}"
+                if gain is not None else "gate -")
+    return (f"{mark} {a['id']}  {a['status']:<9} {len(a.get('signals', []))} signals  {gate_txt}"
+            f"  parent {a.get('parent_id') or 'base'}" + (f"  ({a['note']})" if a.get("note") else ""))
+
+
+def cmd_adapters(args) -> int:
+    if args.action == "list":
+        out = _daemon_call(args, "GET", "/clawd/adapters")
+        if args.json:
+            print(json.dumps(out, indent=2))
+            return 0
+        if not out["adapters"]:
+            print("no adapters yet: chat, give feedback, then `clawd train --now`")
+        for a in out["adapters"]:
+            print(_adapter_line(a, out["active"]))
+        print(f"active: {out['active'] or 'none (base model)'}")
+        return 0
+    if args.action == "rollback":
+        out = _daemon_call(args, "POST", "/clawd/adapters/rollback")
+        print(f"rolled back; active: {out['active'] or 'none (base model)'}")
+        return 0
+    if not args.adapter_id:
+        raise ClawdError(f"`clawd adapters {args.action}` needs an ADAPTER_ID (see `clawd adapters list`)")
+    if args.action == "show":
+        print(json.dumps(_daemon_call(args, "GET", f"/clawd/adapters/{args.adapter_id}"), indent=2))
+    elif args.action == "activate":
+        out = _daemon_call(args, "POST", f"/clawd/adapters/{args.adapter_id}/activate", timeout=120)
+        print(f"active: {out['active'] or 'none (base model)'} (verified live)")
+    else:  # export
+        if not args.out:
+            raise ClawdError("`clawd adapters export` needs --out PATH")
+        out = _daemon_call(args, "POST", f"/clawd/adapters/{args.adapter_id}/export", timeout=120,
+                           json={"format": args.format, "path": str(os.path.abspath(args.out))})
+        print(f"exported {out['adapter_id']} as {args.format} to {out['path']}")
+    return 0
+
+
+def _training_summary(result: dict | None) -> str:
+    if not result:
+        return "no run finished yet"
+    if result.get("error"):
+        return f"run {result.get('job_id') or result.get('adapter_id')} failed: {result['error']}"
+    if result.get("resumable"):
+        return f"run {result['job_id']} stopped at step {result['stopped_at']}; the next run resumes it"
+    gate = result.get("gate") or {}
+    verdict = "promoted and live" if result.get("promoted") else result.get("note", "not promoted")
+    return (f"adapter {result['adapter_id']}: {verdict} (gate gain {gate.get('gain', 0):+.4f} on "
+            f"{gate.get('n', 0)} {gate.get('judged_on', '')} signals, KL to base {gate.get('kl_to_base', 0):.4f})")
+
+
+def cmd_train(args) -> int:
+    import time
+
+    if args.stop:
+        st = _daemon_call(args, "POST", "/clawd/training/stop", timeout=120)
+        print(f"training {st['state']}: {_training_summary(st.get('result'))}")
+        return 0
+    if not args.now:
+        st = _daemon_call(args, "GET", "/clawd/training")
+        if args.json:
+            print(json.dumps(st, indent=2))
+            return 0
+        print(f"training: {st['state']}" + (f", {st['phase']} step {st['step']}/{st['total']}" if st["job_id"] else ""))
+        print(f"   why: {st.get('reason', '')}")
+        print(f"  last: {_training_summary(st.get('result'))}")
+        return 0
+    started = _daemon_call(args, "POST", "/clawd/training")
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+               TimeElapsedColumn(), TextColumn("{task.fields[info]}"))
+    try:
+        with Progress(*columns, transient=False) as bar:
+            task = bar.add_task(f"job {started['job_id']}", total=None, info="")
+            while True:
+                st = _daemon_call(args, "GET", "/clawd/training")
+                if st["job_id"] != started["job_id"] or st["state"] in ("idle", "error"):
+                    break
+                if st["phase"] == "prepare":
+                    bar.update(task, description="scoring π_old / teacher", completed=st["prepared"],
+                               total=st["samples"] or None, info="")
+                elif st["phase"] == "train":
+                    m = st["metrics"]
+                    info = (f"loss {m.get('loss', 0):+.4f} rl {m.get('rl', 0):+.4f} opd {m.get('opd', 0):+.4f} "
+                            f"r̄ {m.get('reward_mean', 0):+.2f}" if m else "")
+                    bar.update(task, description="training" + (" (paused for a user)" if st["state"] == "paused"
+                                                                else ""),
+                               completed=st["step"], total=st["total"] or None, info=info)
+                else:
+                    bar.update(task, description=st["phase"] or "starting")
+                time.sleep(1.0)
+    except KeyboardInterrupt:
+        print("the run continues in the daemon; `clawd train --stop` stops it at the next step")
+        return 130
+    print(_training_summary(st.get("result")))
+    return 0 if st["state"] != "error" else 1
 
 
 def _miner_line(m: dict | None) -> str:
@@ -306,6 +410,20 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("forget", help="delete a session's turns and signals")
     s.add_argument("session_id")
     s.set_defaults(func=cmd_forget)
+
+    s = sub.add_parser("adapters", help="list, inspect, activate, roll back or export trained adapters")
+    s.add_argument("action", choices=["list", "show", "activate", "rollback", "export"])
+    s.add_argument("adapter_id", nargs="?", help="the adapter (show / activate / export); activate base = none")
+    s.add_argument("--format", choices=["gguf", "mlx", "peft"], default="gguf", help="export format")
+    s.add_argument("--out", help="export destination (a file for gguf, a directory otherwise)")
+    s.add_argument("--json", action="store_true", help="machine-readable output")
+    s.set_defaults(func=cmd_adapters)
+
+    s = sub.add_parser("train", help="training status; --now to train immediately with a progress bar")
+    s.add_argument("--now", action="store_true", help="train on the ready signals now and follow the run")
+    s.add_argument("--stop", action="store_true", help="stop the running training at its next step (resumable)")
+    s.add_argument("--json", action="store_true", help="machine-readable status")
+    s.set_defaults(func=cmd_train)
 
     s = sub.add_parser("token", help="print the API bearer token (for non-loopback clients)")
     s.set_defaults(func=cmd_token)

@@ -80,11 +80,40 @@ class MiningSettings:
 
 
 @dataclass(frozen=True)
+class TrainingSettings:
+    # METHOD.md §5-6 constants, and when the scheduler may train (DESIGN: never while serving).
+    auto: bool = _f(True, "Train automatically when enough signals are ready and the machine is idle or "
+                          "in the overnight window.")
+    min_signals: int = _f(8, "Ready, untrained signals needed before an automatic run.", min=1)
+    idle_minutes: float = _f(10.0, "Minutes without a user request before the machine counts as idle.", min=0.0)
+    window: str = _f("01:00-06:00", "Overnight window (local time, HH:MM-HH:MM) in which training may run "
+                                    "regardless of idleness; empty = none.")
+    batch_size: int = _f(16, "Samples per optimizer step (a smaller last batch is allowed).", min=1)
+    epochs: int = _f(2, "Passes over each batch (2, so the PPO clip binds).", min=1)
+    learning_rate: float = _f(1e-4, "Adam learning rate for the LoRA parameters.", min=0.0)
+    weight_decay: float = _f(0.1, "Decoupled weight decay on the LoRA parameters.", min=0.0)
+    grad_clip: float = _f(1.0, "Gradient global-norm clip.", min=0.0)
+    rank: int = _f(16, "LoRA rank.", min=1)
+    alpha: float = _f(32.0, "LoRA alpha (scale = alpha / rank).", min=0.0)
+    targets: str = _f("q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj",
+                      "Comma-separated projections of every block that get LoRA.")
+    w_rl: float = _f(1.0, "Weight of the PPO-clip RL term (0 = OPD-only ablation).", min=0.0)
+    w_opd: float = _f(1.0, "Weight of the on-policy distillation term (0 = binary-RL-only ablation).", min=0.0)
+    max_tokens: int = _f(512, "Longest prompt+response a sample may have; longer prompts are cut from the left.",
+                         min=16)
+    holdout: float = _f(0.2, "Fraction of signals held out from training for the eval gate.", min=0.0, max=0.9)
+    kl_bound: float = _f(0.5, "Eval gate: the candidate's mean per-token KL to the base model on the canary "
+                              "prompts must stay under this (nats).", min=0.0)
+    nice: int = _f(19, "CPU niceness of the trainer process (19 = lowest priority).", min=0, max=19)
+
+
+@dataclass(frozen=True)
 class Settings:
     server: ServerSettings = field(default_factory=ServerSettings)
     model: ModelSettings = field(default_factory=ModelSettings)
     generation: GenerationSettings = field(default_factory=GenerationSettings)
     mining: MiningSettings = field(default_factory=MiningSettings)
+    training: TrainingSettings = field(default_factory=TrainingSettings)
     log_level: str = _f(
         "info", "Log verbosity: debug, info, warning or error.", choices=("debug", "info", "warning", "error")
     )

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import uvicorn
 
+from clawd.adapters import Registry
 from clawd.api import ApiState, create_app
 from clawd.chat import ChatService
 from clawd.config import Settings
@@ -27,6 +28,7 @@ from clawd.judge import LLMJudge, completer_for
 from clawd.miner import Miner
 from clawd.paths import Paths
 from clawd.reload import ConfigWatcher
+from clawd.scheduler import Scheduler
 from clawd.store.db import Database
 from clawd.templates import choose_format
 from clawd.token import ensure_token
@@ -79,9 +81,15 @@ async def build_state(settings: Settings, paths: Paths, engine: Engine, port: in
         miner = Miner(db, chat, settings.mining, make_judge=lambda spec: build_judge(
             spec, dataclasses.replace(settings, mining=miner.settings), chat, db))
         chat.on_turn = miner.poke
+    registry = scheduler = None
+    if engine.name == "llamacpp":  # adapters are GGUF LoRA, trained from the same GGUF weights
+        paths.adapters_dir.mkdir(parents=True, exist_ok=True)
+        registry = Registry(db, chat, paths.adapters_dir, info.path)
+        await registry.restore()
+        scheduler = Scheduler(db, chat, registry, settings.training, paths)
     return ApiState(chat=chat, db=db, miner=miner, token=ensure_token(paths.token_file),
                     require_token=settings.server.require_token, host=settings.server.host,
-                    port=port, home=str(paths.config_dir))
+                    port=port, home=str(paths.config_dir), registry=registry, scheduler=scheduler)
 
 
 def build_judge(spec: str, settings: Settings, chat: ChatService, db: Database) -> LLMJudge | None:
@@ -126,7 +134,7 @@ async def serve(settings: Settings, paths: Paths, engine: Engine, *, on_ready=No
     watcher = None
     if env is not None:
         watcher = ConfigWatcher(paths.config_file, env, overrides or {}, settings,
-                                chat=state.chat, miner=state.miner)
+                                chat=state.chat, miner=state.miner, scheduler=state.scheduler)
         state.config = watcher.state
         await watcher.start()
     if on_ready:
@@ -134,11 +142,15 @@ async def serve(settings: Settings, paths: Paths, engine: Engine, *, on_ready=No
     log.info("clawd serving %s on http://%s:%d", state.chat.model_id, settings.server.host, port)
     if state.miner:
         state.miner.start()
+    if state.scheduler:
+        state.scheduler.start()
     try:
         await server.serve(sockets=[sock])
     finally:
         if watcher:
             await watcher.stop()
+        if state.scheduler:
+            await state.scheduler.stop()  # the trainer checkpoints; the next run resumes it
         if state.miner:
             await state.miner.stop()
         await state.chat.drain()

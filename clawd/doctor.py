@@ -147,6 +147,27 @@ def check_mlx() -> Check:
     return ok("mlx", ", ".join(parts))
 
 
+MLX_SLOW_GFLOPS = 20.0  # the mlx-cpu wheel's reference BLAS does ~3-4 (STACK.md)
+
+
+def check_mlx_blas(paths: Paths) -> Check:
+    """Which BLAS the trainer's MLX will use, measured in a child process set up the way the
+    trainer sets itself up (clawd.training.blas), since the choice is made before mlx loads."""
+    if importlib.util.find_spec("mlx") is None:
+        return warning("mlx BLAS", "mlx is not installed")
+    try:
+        proc = subprocess.run([sys.executable, "-m", "clawd.training.blas", str(paths.cache_dir)],
+                              capture_output=True, text=True, timeout=120)
+        out = json.loads(proc.stdout.strip().splitlines()[-1])
+    except (subprocess.TimeoutExpired, ValueError, IndexError, OSError) as e:
+        return error("mlx BLAS", f"could not measure ({e}); run `python -m clawd.training.blas {paths.cache_dir}`")
+    detail = f"{out['name']}: {out['gflops']:.0f} GFLOP/s fp32 matmul ({out['detail']})"
+    if out["gflops"] < MLX_SLOW_GFLOPS:
+        return warning("mlx BLAS", f"{detail}; training will be 10-60x slow: "
+                                   "pip install scipy-openblas32 and make sure a C compiler (cc) exists")
+    return ok("mlx BLAS", detail)
+
+
 def check_disk(paths: Paths) -> Check:
     where = paths.data_dir
     while not where.exists() and where != where.parent:
@@ -338,7 +359,7 @@ def run_checks(paths: Paths, env: Mapping[str, str], *, engine_test: bool = True
     checks.append(model)
     if engine_test:
         checks.append(check_engine(settings, model_path, env))
-    checks += [check_blas(), check_mlx(), check_disk(paths), check_database(paths),
+    checks += [check_blas(), check_mlx(), check_mlx_blas(paths), check_disk(paths), check_database(paths),
                check_service(platform, env, runner)]
     try:
         token = read_token(paths.token_file) if paths.token_file.is_file() else None

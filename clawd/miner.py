@@ -341,10 +341,15 @@ class Miner:
         sig.teacher_top_logprobs = teacher.at_logprobs
 
     def _teacher_prompt(self, turn: turns.TurnRecord, hint: str) -> list[int]:
-        # Same template and tools as the student's prompt: only the hint differs.
-        rendered = self.chat.format.render(teacher_messages(turn.request["messages"], hint), turn.request.get("tools"))
-        info = self.chat.runner.engine.info
-        return self.chat.runner.engine.tokenize(rendered.prompt, add_bos=rendered.add_bos and info.add_bos)
+        return teacher_prompt_ids(self.chat, turn, hint)
+
+
+def teacher_prompt_ids(chat: ChatService, turn: turns.TurnRecord, hint: str) -> list[int]:
+    """The teacher's prompt tokens: same template and tools as the student's prompt, only
+    the hint differs (METHOD §3). The trainer rescoring in MLX uses the very same ids."""
+    rendered = chat.format.render(teacher_messages(turn.request["messages"], hint), turn.request.get("tools"))
+    info = chat.runner.engine.info
+    return chat.runner.engine.tokenize(rendered.prompt, add_bos=rendered.add_bos and info.add_bos)
 
 
 async def forget_session(db: Database, session_id: str) -> list[str]:

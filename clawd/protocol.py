@@ -131,6 +131,7 @@ class Status(BaseModel):
     home: str
     signals: dict[str, int] = {}
     miner: dict[str, Any] | None = None
+    training: dict[str, Any] | None = None  # the scheduler's TrainingStatus; None without training
     # Live config reload: last_reload_at, last_error, last_error_at, restart_required
     # (changed keys that wait for a restart), applied, watching. None when not watched.
     config: dict[str, Any] | None = None

@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 # Keys applied to the running daemon. Everything else (server.*, model.*) is fixed at
 # start-up: generation.top_k is baked into the engine's sampler and mining.enabled decides
 # whether a miner exists at all, so they need a restart too.
-LIVE_PREFIXES = ("generation.", "mining.", "log_level")
+LIVE_PREFIXES = ("generation.", "mining.", "training.", "log_level")
 RESTART_ONLY = {"generation.top_k", "mining.enabled"}
 # A safety net under file events (missed on some filesystems, or while the watch starts):
 # the file's content is compared at least this often.
@@ -76,7 +76,7 @@ class ConfigWatcher:
     """Reloads `config_file` into the running daemon (chat, miner) when it changes."""
 
     def __init__(self, config_file: Path, env: Mapping[str, str], overrides: Mapping[str, object],
-                 started: Settings, *, chat, miner=None):
+                 started: Settings, *, chat, miner=None, scheduler=None):
         self.config_file = Path(config_file)
         self.env = dict(env)
         self.overrides = dict(overrides)
@@ -84,6 +84,7 @@ class ConfigWatcher:
         self.current = started
         self.chat = chat
         self.miner = miner
+        self.scheduler = scheduler
         self.state = ReloadState()
         self._seen = self._digest()
         self._stop = asyncio.Event()
@@ -134,6 +135,8 @@ class ConfigWatcher:
             self.chat.defaults = new.generation  # read afresh by every request
         if self.miner is not None and any(k.startswith("mining.") for k in live):
             self._apply_mining(new)
+        if self.scheduler is not None and any(k.startswith("training.") for k in live):
+            self.scheduler.settings = new.training  # read afresh at every check and by the next run
         if "log_level" in live:
             level = new.log_level.upper()
             for name in ("", "uvicorn", "uvicorn.error"):

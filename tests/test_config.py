@@ -165,7 +165,7 @@ def test_default_config_parses_back_to_defaults_and_has_every_help(cfg):
         assert help_text in unwrapped
     # No value is set: every non-blank line is a comment or a (empty) table header.
     for line in text.splitlines():
-        assert not line or line.startswith("#") or line in ("[server]", "[model]", "[generation]", "[mining]"), line
+        assert not line or line.startswith("#") or line in ("[server]", "[model]", "[generation]", "[mining]", "[training]"), line
     # Uncommenting every value line reproduces the defaults exactly.
     live = "\n".join(
         line[2:] if re.match(r"# [a-z_]+ = ", line) else line for line in text.splitlines()

@@ -64,6 +64,10 @@ def test_doctor_on_a_working_home(clawd_home, tmp_path, tiny_gguf):
     assert by_check["python"][0] == "ok" and by_check["package llama-cpp-python"][0] == "ok"
     assert "GFLOP/s" in by_check["numpy BLAS"][1]
     assert by_check["mlx"][0] in ("ok", "warning")  # training needs it; serving does not
+    # The trainer's BLAS, measured the way the trainer loads it: the fast one on this machine.
+    status, detail = by_check["mlx BLAS"]
+    assert status == "ok" and ("openblas" in detail or "accelerate" in detail), detail
+    assert float(detail.split(": ")[1].split(" GFLOP/s")[0]) >= 20
     assert by_check["service"][0] == "ok" and by_check["port"][0] == "ok"
     assert p.returncode == (1 if any(lvl == "error" for lvl, _ in by_check.values()) else 0), p.stdout
 

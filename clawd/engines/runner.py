@@ -35,6 +35,7 @@ class _Turnstile:
         self.last_foreground_end = 0.0  # time.monotonic()
         self._holder_cancel: threading.Event | None = None  # set when the holder is background
         self._waiters: dict[bool, deque[asyncio.Future]] = {False: deque(), True: deque()}
+        self.on_user: Callable[[], None] = lambda: None  # a user request wants the engine
 
     @property
     def held(self) -> bool:
@@ -45,6 +46,8 @@ class _Turnstile:
         return sum(1 for q in queues for f in q if not f.done())
 
     async def acquire(self, background: bool, cancel: threading.Event | None) -> None:
+        if not background:
+            self.on_user()
         if not self._held and (not background or not self.waiting(False)):
             self._take(background, cancel)
             return
@@ -91,6 +94,21 @@ class EngineRunner:
     def busy(self) -> bool:
         return self._gate.held
 
+    def on_user_request(self, hook: Callable[[], None]) -> None:
+        """Call `hook` (on the event loop, synchronously) whenever a user request asks for the
+        engine: the trainer pauses on it, before the request's prefill competes for the CPU."""
+        self._gate.on_user = hook
+
+    @property
+    def user_active(self) -> bool:
+        gate = self._gate
+        return bool(gate.waiting(background=False) or (gate.held and not gate.holder_background))
+
+    @property
+    def last_user_end(self) -> float:
+        """time.monotonic() when the engine last finished a user request (0 = never)."""
+        return self._gate.last_foreground_end
+
     @property
     def queued(self) -> int:
         """User requests waiting for the engine (not counting the one it is serving)."""
@@ -102,7 +120,7 @@ class EngineRunner:
         prompt from the KV cache and sit in the way of their next message."""
         gate = self._gate
         while True:
-            user_active = gate.waiting(background=False) or (gate.held and not gate.holder_background)
+            user_active = self.user_active
             remaining = gate.last_foreground_end + quiet_s - time.monotonic()
             if not user_active and remaining <= 0:
                 return

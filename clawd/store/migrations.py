@@ -146,10 +146,38 @@ def m002_feedback_and_signals(conn: sqlite3.Connection) -> None:
     )
 
 
+def m003_adapters(conn: sqlite3.Connection) -> None:
+    # The adapter registry (clawd/adapters.py decides, store/adapters.py writes). At most one
+    # row is active; the partial unique index makes a second one a constraint error, so a
+    # crash mid-promotion can never leave two.
+    conn.execute(
+        """
+        CREATE TABLE adapters (
+            id             TEXT PRIMARY KEY,
+            parent_id      TEXT,                -- the adapter it continued training from; NULL = base
+            previous_id    TEXT,                -- what was active when this one was activated (rollback target)
+            created_at     REAL NOT NULL,
+            updated_at     REAL NOT NULL,
+            status         TEXT NOT NULL CHECK (status IN ('candidate', 'active', 'retired', 'rejected')),
+            path           TEXT NOT NULL,       -- adapters/<id>/ (mlx-lm files + adapter.gguf + meta.json)
+            model          TEXT NOT NULL,       -- the base model it was trained for
+            signals_json   TEXT NOT NULL,       -- turn ids trained on
+            holdout_json   TEXT NOT NULL,       -- turn ids held out for the gate
+            metrics_json   TEXT NOT NULL,       -- training metrics (loss terms, reward mean, clip fractions)
+            gate_json      TEXT NOT NULL,       -- eval-gate metrics and verdict
+            note           TEXT,                -- why rejected / retired
+            forgotten      INTEGER NOT NULL DEFAULT 0  -- trained on a forgotten session: never activate
+        )
+        """
+    )
+    conn.execute("CREATE UNIQUE INDEX adapters_one_active ON adapters(status) WHERE status = 'active'")
+
+
 # Append only. The number in each name is its id and must equal its 1-based position.
 MIGRATIONS: list[Migration] = [
     m001_initial,
     m002_feedback_and_signals,
+    m003_adapters,
 ]
 
 _NAME = re.compile(r"^m(\d{3})_\w+$")

@@ -1,0 +1,225 @@
+"""The adapter registry: register, promote (hot-swap + live check), roll back, retire, export.
+
+Boundary: decides which adapter the served model wears. Rows are written by
+store/adapters.py; files are written by the trainer child (adapters/<id>/: mlx-lm files,
+adapter.gguf, meta.json) and read here. The database row marked active is the truth:
+a swap first loads and verifies the adapter in the engine, then commits the row, then
+switches what new requests use — so a crash at any point leaves the old or the new adapter
+active, and start-up (`restore`) loads and re-verifies whichever the row names.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from pathlib import Path
+
+import numpy as np
+
+from clawd.chat import ChatService
+from clawd.errors import AdapterError, NotFound
+from clawd.store import adapters as rows
+from clawd.store import signals
+from clawd.store.db import Database
+
+log = logging.getLogger(__name__)
+
+
+def live_check(probe: dict, served_delta: np.ndarray) -> tuple[bool, dict]:
+    """Does the served adapter move the probe's log-probs the way the MLX model predicted?
+
+    A silent no-op adapter (wrong scale, tensors ignored) is the usual failure (CONVENTIONS
+    §7.5), so the served Δ must be non-zero and track the trainer's Δ per token.
+    """
+    mlx_delta = np.asarray(probe["delta"], dtype=np.float64)
+    served = np.asarray(served_delta, dtype=np.float64)
+    err = float(np.abs(served - mlx_delta).mean())
+    size = float(np.abs(mlx_delta).mean())
+    corr = float(np.corrcoef(served, mlx_delta)[0, 1]) if served.std() > 0 and mlx_delta.std() > 0 else 0.0
+    moved = float(np.abs(served).max()) > 1e-4
+    ok = moved and (corr >= 0.5 or err <= 0.02 + 0.25 * size)
+    return ok, {"served_mean_abs": float(np.abs(served).mean()), "mlx_mean_abs": size,
+                "mean_abs_err": err, "corr": corr}
+
+
+def check_files(path: Path, base_model: Path) -> list[str]:
+    """Every problem with an adapter dir, as sentences (empty = fine)."""
+    from clawd.training.export import check_gguf_lora
+
+    if not (path / "meta.json").is_file():
+        return [f"{path} has no meta.json (not a clawd adapter, or half-written)"]
+    if not (path / "adapter.gguf").is_file():
+        return [f"{path} has no adapter.gguf"]
+    return check_gguf_lora(path / "adapter.gguf", base_model)
+
+
+class Registry:
+    def __init__(self, db: Database, chat: ChatService, adapters_dir: Path, base_model: Path):
+        self.db = db
+        self.chat = chat
+        self.dir = adapters_dir
+        self.base_model = base_model
+        self.active_id: str | None = None  # what new requests wear; read by ChatService
+        chat.active_adapter = lambda: self.active_id
+
+    @property
+    def engine(self):
+        return self.chat.runner.engine
+
+    async def restore(self) -> None:
+        """At start-up: drop half-written dirs, register finished-but-unrecorded ones, and
+        put the recorded active adapter back on (verified), else fall back to its rollback
+        target."""
+        for tmp in self.dir.glob(".tmp-*"):
+            shutil.rmtree(tmp, ignore_errors=True)
+        known = {r.id for r in await rows.list_all(self.db)}
+        for d in sorted(p for p in self.dir.iterdir() if p.is_dir() and not p.name.startswith(".")):
+            if d.name not in known and (d / "meta.json").is_file():
+                try:
+                    await self.register(d)
+                except AdapterError as e:
+                    log.warning("adapter %s not registered: %s", d.name, e)
+        rec = await rows.active(self.db)
+        if rec is None:
+            return
+        try:
+            await self._swap_in(rec)
+            self.active_id = rec.id
+        except AdapterError as e:
+            log.error("active adapter %s failed its check at start-up (%s); rolling back", rec.id, e)
+            await rows.set_status(self.db, rec.id, "rejected", f"failed the live check at start-up: {e}")
+            await self._activate(rec.previous_id, previous_id=None, note=None)
+
+    async def register(self, path: Path) -> rows.AdapterRecord:
+        """Record a finished trainer output as candidate (or rejected, if its gate failed)."""
+        problems = check_files(path, self.base_model)
+        if problems:
+            raise AdapterError(f"adapter {path.name} refused: " + "; ".join(problems))
+        meta = json.loads((path / "meta.json").read_text())
+        gate = meta.get("gate", {})
+        rec = rows.AdapterRecord(
+            id=meta["id"], path=str(path), model=meta["model"], parent_id=meta.get("parent_id"),
+            signals=meta.get("signals", []), holdout=meta.get("holdout", []), metrics=meta.get("metrics", {}),
+            gate=gate, status="candidate" if gate.get("passed") else "rejected",
+            note=None if gate.get("passed") else "failed the eval gate", created_at=meta.get("created_at", 0.0))
+        if await rows.get(self.db, rec.id) is None:
+            await rows.insert(self.db, rec)
+        return await rows.get(self.db, rec.id)
+
+    async def get(self, adapter_id: str) -> rows.AdapterRecord:
+        rec = await rows.get(self.db, adapter_id)
+        if rec is None:
+            raise NotFound(f"no adapter {adapter_id!r}: see `clawd adapters list`")
+        return rec
+
+    async def activate(self, adapter_id: str | None) -> rows.AdapterRecord | None:
+        """Hot-swap `adapter_id` in (None = the base model), verified live; the adapter that
+        was active stays on disk, retired, as the new one's rollback target."""
+        current = await rows.active(self.db)
+        if adapter_id is not None:
+            rec = await self.get(adapter_id)
+            if rec.forgotten:
+                raise AdapterError(f"adapter {adapter_id} was trained on a forgotten session and cannot be activated")
+            if rec.model != self.chat.model_id:
+                raise AdapterError(f"adapter {adapter_id} is for model {rec.model}, but {self.chat.model_id} is served")
+        if (current.id if current else None) == adapter_id:
+            return current
+        await self._activate(adapter_id, previous_id=current.id if current else None,
+                             note=f"replaced by {adapter_id or 'the base model'}")
+        return await rows.get(self.db, adapter_id) if adapter_id else None
+
+    async def rollback(self) -> rows.AdapterRecord | None:
+        """Back to what was active before the current adapter (instant: it is kept loaded)."""
+        current = await rows.active(self.db)
+        if current is None:
+            raise AdapterError("no adapter is active: the base model is already served")
+        target = current.previous_id
+        prev = await rows.get(self.db, target) if target else None
+        if prev is not None and prev.forgotten:
+            target, prev = None, None
+        await self._activate(target, previous_id=prev.previous_id if prev else None,
+                             note=f"rolled back to {target or 'the base model'}")
+        return prev
+
+    async def _activate(self, adapter_id: str | None, *, previous_id: str | None, note: str | None) -> None:
+        if adapter_id is not None:
+            rec = await self.get(adapter_id)
+            try:
+                check = await self._swap_in(rec)
+            except AdapterError as e:
+                await rows.set_status(self.db, adapter_id, "rejected", str(e))
+                raise
+            await rows.set_gate(self.db, rec.id, dict(rec.gate, live_check=check))
+        await rows.activate(self.db, adapter_id, previous_id=previous_id, note=note)
+        self.active_id = adapter_id
+
+    async def _swap_in(self, rec: rows.AdapterRecord) -> dict:
+        """Load the adapter into the engine (if not yet) and prove it is live."""
+        path = Path(rec.path)
+        problems = check_files(path, self.base_model)
+        if problems:
+            raise AdapterError(f"adapter {rec.id} refused: " + "; ".join(problems))
+        runner = self.chat.runner
+        if rec.id not in self.engine.loaded_adapters:
+            await runner.call(self.engine.load_adapter, rec.id, path / "adapter.gguf")
+        probe = json.loads((path / "meta.json").read_text())["probe"]
+        p, t = probe["prompt_ids"], probe["response_ids"]
+        with_adapter = await runner.call(self.engine.score, p, t, adapter=rec.id)
+        base = await runner.call(self.engine.score, p, t, adapter=None)
+        ok, check = live_check(probe, with_adapter.logprobs - base.logprobs)
+        if not ok:
+            await runner.call(self.engine.unload_adapter, rec.id)
+            raise AdapterError(f"adapter {rec.id} failed the live check: llama.cpp's log-probs do not move as "
+                               f"the trainer predicted ({check}); it was not activated")
+        return check
+
+    async def retire_forgotten(self) -> list[str]:
+        """Retire, for good, every adapter trained on a forgotten turn and every adapter
+        continued from one; delete their weights. The active one falls back to the nearest
+        clean ancestor (or the base model)."""
+        gone = await signals.forgotten_turns(self.db)
+        all_rows = await rows.list_all(self.db)
+        tainted = {r.id for r in all_rows if not r.forgotten and gone.intersection(r.signals)}
+        changed = True
+        while changed:  # descendants carry the parent's weights
+            new = {r.id for r in all_rows if r.parent_id in tainted and r.id not in tainted and not r.forgotten}
+            changed = bool(new)
+            tainted |= new
+        if not tainted:
+            return []
+        current = await rows.active(self.db)
+        if current is not None and current.id in tainted:
+            by_id = {r.id: r for r in all_rows}
+            target = current.parent_id
+            while target is not None and target in tainted:
+                target = by_id[target].parent_id if target in by_id else None
+            await self._activate(target, previous_id=None, note="trained on a forgotten session")
+        await rows.mark_forgotten(self.db, sorted(tainted), "trained on a forgotten session; weights deleted")
+        for a in tainted:
+            if a in self.engine.loaded_adapters:
+                await self.chat.runner.call(self.engine.unload_adapter, a)
+            shutil.rmtree(self.dir / a, ignore_errors=True)
+        return sorted(tainted)
+
+    async def export(self, adapter_id: str, fmt: str, out: Path) -> Path:
+        """Copy an adapter out as mlx (mlx-lm dir), gguf (one file) or peft (dir)."""
+        rec = await self.get(adapter_id)
+        src = Path(rec.path)
+        if rec.forgotten or not src.is_dir():
+            raise AdapterError(f"adapter {adapter_id} has no files left to export")
+        out = Path(out).expanduser()
+        if fmt == "gguf":
+            out.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(src / "adapter.gguf", out)
+        elif fmt == "mlx":
+            out.mkdir(parents=True, exist_ok=True)
+            for name in ("adapters.safetensors", "adapter_config.json"):
+                shutil.copyfile(src / name, out / name)
+        elif fmt == "peft":
+            from clawd.training.export import mlx_to_peft
+
+            mlx_to_peft(src, out, base_model=rec.model)
+        else:
+            raise AdapterError(f"unknown export format {fmt!r}: use mlx, gguf or peft")
+        return out

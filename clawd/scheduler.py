@@ -1,0 +1,293 @@
+"""When to train, and the life of the trainer child process.
+
+Boundary: decides when a run starts (enough untrained signals, and the user idle for
+`idle_minutes` or the clock in the overnight window), builds its job (training/data.py),
+runs `python -m clawd.training.run` at low CPU priority, follows its JSON-line progress,
+and hands the finished adapter to the registry (adapters.py), which gates and promotes it.
+
+Serving always wins: the moment a user request asks for the engine the trainer is paused
+(SIGSTOP, so it gives the CPU back at once) and it resumes (SIGCONT) only after the user has
+been quiet for a few seconds. On daemon shut-down the trainer is asked to stop at its next
+optimizer step (SIGTERM → checkpoint); the next run resumes that job.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import shutil
+import signal
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+
+from clawd.adapters import Registry
+from clawd.chat import ChatService
+from clawd.config import TrainingSettings
+from clawd.errors import AdapterError, Busy, ClawdError, InvalidRequest
+from clawd.paths import Paths
+from clawd.store import adapters as adapter_rows
+from clawd.store.db import Database
+from clawd.training import data
+
+log = logging.getLogger(__name__)
+
+STOPPED = 75  # clawd.training.run's exit code for "stopped at a checkpoint" (not imported: it loads MLX)
+
+
+@dataclass
+class TrainingStatus:
+    state: str = "idle"  # idle | running | paused | error
+    job_id: str | None = None
+    phase: str | None = None  # load | prepare | train | gate | promote
+    step: int = 0
+    total: int = 0
+    prepared: int = 0
+    samples: int = 0
+    metrics: dict = field(default_factory=dict)  # the latest step's loss terms, reward mean, clip fractions
+    blas: str | None = None
+    started_at: float | None = None
+    result: dict | None = None  # the last finished run: adapter, gate, promoted / error
+    reason: str = ""  # why the scheduler is (not) training now
+
+    def public(self) -> dict:
+        return dict(self.__dict__)
+
+
+def in_window(window: str, now: datetime) -> bool:
+    """Is `now` inside "HH:MM-HH:MM" (local time; may wrap midnight)? Empty = never."""
+    if not window.strip():
+        return False
+    try:
+        start, end = (datetime.strptime(p.strip(), "%H:%M").time() for p in window.split("-"))
+    except ValueError:
+        raise InvalidRequest(f"training.window must look like 01:00-06:00, got {window!r}") from None
+    t = now.time()
+    return start <= t < end if start <= end else (t >= start or t < end)
+
+
+class Scheduler:
+    def __init__(self, db: Database, chat: ChatService, registry: Registry, settings: TrainingSettings,
+                 paths: Paths, *, python: str = sys.executable, poll_s: float = 30.0, resume_quiet_s: float = 5.0):
+        self.db = db
+        self.chat = chat
+        self.registry = registry
+        self.settings = settings
+        self.paths = paths
+        self.python = python
+        self.poll_s = poll_s
+        self.resume_quiet_s = resume_quiet_s
+        self.jobs_dir = paths.state_dir / "jobs"
+        self.status = TrainingStatus()
+        self._proc: asyncio.subprocess.Process | None = None
+        self._paused = False
+        self._resume: asyncio.Task | None = None
+        self._run: asyncio.Task | None = None
+        self._loop_task: asyncio.Task | None = None
+        self._started = time.monotonic()
+
+    # --- when -------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self.chat.runner.on_user_request(self._user_arrived)
+        self._loop_task = asyncio.create_task(self._loop(), name="scheduler")
+
+    async def _loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.poll_s)
+            try:
+                go, self.status.reason = await self.should_train()
+                if go:
+                    await self.run_now()
+            except ClawdError as e:
+                self.status.reason = str(e)
+                log.warning("scheduler: %s", e)
+
+    def idle_seconds(self) -> float:
+        runner = self.chat.runner
+        if runner.user_active:
+            return 0.0
+        return time.monotonic() - max(runner.last_user_end, self._started)
+
+    async def should_train(self, now: datetime | None = None) -> tuple[bool, str]:
+        s = self.settings
+        if not s.auto:
+            return False, "automatic training is off (training.auto)"
+        if self.running:
+            return False, "a run is in progress"
+        n = await data.untrained_count(self.db, s.holdout)
+        if n < s.min_signals:
+            return False, f"{n} of {s.min_signals} untrained signals ready"
+        if in_window(s.window, now or datetime.now()):
+            return True, f"{n} signals ready, inside the overnight window {s.window}"
+        idle = self.idle_seconds()
+        if idle >= s.idle_minutes * 60:
+            return True, f"{n} signals ready, idle {idle / 60:.0f} min"
+        return False, f"{n} signals ready; waiting for {s.idle_minutes:g} idle minutes or the window {s.window}"
+
+    # --- a run ------------------------------------------------------------------------
+
+    @property
+    def running(self) -> bool:
+        return self._run is not None and not self._run.done()
+
+    async def run_now(self) -> str:
+        """Start a run now (resuming a stopped job if there is one); returns its job id."""
+        if self.running:
+            raise Busy(f"training job {self.status.job_id} is already running")
+        job_dir = self._resumable() or await self._new_job()
+        self.status = TrainingStatus(state="running", job_id=job_dir.name, phase="start", started_at=time.time(),
+                                     reason="running")
+        self._run = asyncio.create_task(self._execute(job_dir), name=f"train-{job_dir.name}")
+        return job_dir.name
+
+    async def wait(self) -> dict | None:
+        if self._run is not None:
+            await asyncio.shield(self._run)
+        return self.status.result
+
+    def _resumable(self) -> Path | None:
+        if not self.jobs_dir.is_dir():
+            return None
+        for d in sorted(self.jobs_dir.iterdir()):
+            if (d / "job.json").is_file() and not (self.paths.adapters_dir / d.name).exists():
+                return d
+            shutil.rmtree(d, ignore_errors=True)  # finished (adapter exists) or never written
+        return None
+
+    async def _new_job(self) -> Path:
+        parent = await adapter_rows.active(self.db)
+        job_id = "ad-" + datetime.now().strftime("%Y%m%d-%H%M%S") + "-" + uuid.uuid4().hex[:4]
+        job = await data.build_job(self.db, self.chat, self.settings, job_id=job_id,
+                                   model_path=self.chat.runner.engine.info.path, parent=parent)
+        if not job.train:
+            raise InvalidRequest("nothing to train on: no ready signal that an adapter has not learned yet "
+                                 "(chat, give feedback or corrections, then try again)")
+        job_dir = self.jobs_dir / job_id
+        job_dir.mkdir(parents=True)
+        data.write_job(job, job_dir / "job.json")
+        return job_dir
+
+    async def _execute(self, job_dir: Path) -> None:
+        st = self.status
+        self.paths.log_dir.mkdir(parents=True, exist_ok=True)
+        with open(self.paths.log_dir / "trainer.log", "ab") as log_file:
+            self._proc = await asyncio.create_subprocess_exec(
+                self.python, "-m", "clawd.training.run", str(job_dir), "--cache", str(self.paths.cache_dir),
+                "--out", str(self.paths.adapters_dir), stdout=asyncio.subprocess.PIPE, stderr=log_file,
+                preexec_fn=lambda: os.nice(self.settings.nice))
+            done, error = None, None
+            try:
+                async for line in self._proc.stdout:
+                    event = self._event(line)
+                    if event.get("event") == "done":
+                        done = event
+                    elif event.get("event") == "error":
+                        error = event.get("message")
+                code = await self._proc.wait()
+            finally:
+                if self._proc.returncode is None:  # cancelled (daemon stopping): see stop()
+                    await self._terminate()
+                self._proc = None
+                self._paused = False
+        if code == STOPPED:
+            st.state, st.phase = "idle", "stopped"
+            st.result = {"job_id": job_dir.name, "stopped_at": st.step, "resumable": True}
+            return
+        if code != 0 or done is None:
+            st.state = "error"
+            st.result = {"job_id": job_dir.name, "error": error or f"trainer exited with code {code} "
+                         f"(see {self.paths.log_dir / 'trainer.log'})"}
+            shutil.rmtree(job_dir, ignore_errors=True)  # a failed job is rebuilt from fresh signals
+            return
+        st.phase = "promote"
+        st.result = await self._promote(Path(done["path"]))
+        st.state = "idle" if "error" not in st.result else "error"
+        shutil.rmtree(job_dir, ignore_errors=True)
+
+    async def _promote(self, path: Path) -> dict:
+        try:
+            rec = await self.registry.register(path)
+        except AdapterError as e:
+            return {"adapter_id": path.name, "error": str(e), "promoted": False}
+        out = {"adapter_id": rec.id, "gate": rec.gate, "promoted": False}
+        if rec.status != "candidate":
+            out["note"] = "the eval gate refused it; the active adapter is unchanged"
+            return out
+        try:
+            await self.registry.activate(rec.id)
+            out["promoted"] = True
+        except AdapterError as e:
+            out["error"] = str(e)
+        return out
+
+    def _event(self, line: bytes) -> dict:
+        try:
+            event = json.loads(line)
+        except ValueError:
+            return {}
+        st, kind = self.status, event.get("event")
+        if kind == "start":
+            st.blas = event.get("blas")
+        elif kind == "phase":
+            st.phase = event.get("phase")
+            st.total = event.get("steps", st.total)
+            st.samples = event.get("samples", st.samples)
+        elif kind == "prepare":
+            st.prepared = event.get("done", 0)
+        elif kind == "step":
+            st.step, st.total = event.get("step", 0), event.get("total", 0)
+            st.metrics = {k: v for k, v in event.items() if k not in ("event", "time")}
+        return event
+
+    # --- serving first ----------------------------------------------------------------
+
+    def _user_arrived(self) -> None:
+        proc = self._proc
+        if proc is None or proc.returncode is not None:
+            return
+        if not self._paused:
+            os.kill(proc.pid, signal.SIGSTOP)  # the CPU goes back to the user at once
+            self._paused = True
+            self.status.state = "paused"
+        if self._resume is None or self._resume.done():
+            self._resume = asyncio.create_task(self._resume_when_quiet())
+
+    async def _resume_when_quiet(self) -> None:
+        await self.chat.runner.wait_quiet(self.resume_quiet_s)
+        proc = self._proc
+        if proc is not None and proc.returncode is None and self._paused:
+            os.kill(proc.pid, signal.SIGCONT)
+            self._paused = False
+            self.status.state = "running"
+
+    async def stop_run(self, timeout_s: float = 60.0) -> None:
+        """Ask the running trainer to stop at its next optimizer step (resumable)."""
+        if self._proc is not None:
+            await self._terminate(timeout_s)
+
+    async def _terminate(self, timeout_s: float = 60.0) -> None:
+        proc = self._proc
+        if proc is None or proc.returncode is not None:
+            return
+        proc.send_signal(signal.SIGCONT)  # a stopped process cannot handle SIGTERM
+        self._paused = False
+        proc.send_signal(signal.SIGTERM)
+        try:
+            await asyncio.wait_for(proc.wait(), timeout_s)
+        except asyncio.TimeoutError:
+            proc.kill()  # the job dir still has the last checkpoint, or starts over
+            await proc.wait()
+
+    async def stop(self) -> None:
+        for task in (self._loop_task, self._resume):
+            if task is not None:
+                task.cancel()
+        if self.running:
+            await self._terminate(30.0)
+            await asyncio.gather(self._run, return_exceptions=True)

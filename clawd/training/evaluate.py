@@ -1,0 +1,135 @@
+"""Eval-gate metrics for a freshly trained adapter (METHOD: the forgetting guard).
+
+Boundary: pure measurement on an MLX model wearing LoRA; the verdict's thresholds come from
+TrainingSettings, and promotion itself is clawd/adapters.py's job.
+
+- Direction on held-out signals: per sample, how far the candidate moved log-probs the way
+  the signal asks, relative to the active adapter (whose own gain is 0 by definition):
+  RL part r · mean_i (ℓ_cand(a_i) − ℓ_active(a_i)); OPD part mean_i Σ_v A_v (ℓ_cand(v) −
+  ℓ_active(v)), with A_v exactly the loss's advantage (teacher-minus-old, clipped, weighted).
+- Forgetting: mean per-token KL(candidate ‖ base) over the canary answers.
+- Probe: per-token Δ log-prob (candidate − base) on one sample, so the daemon can check the
+  adapter llama.cpp serves moves the same tokens the same way (live check).
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+import mlx.core as mx
+import numpy as np
+from mlx.utils import tree_flatten, tree_unflatten
+
+from clawd.training.data import Sample
+from clawd.training.loss import response_logprobs, topk_logprobs
+
+
+def lora_modules(model):
+    return [m for _, m in model.named_modules() if hasattr(m, "lora_a") and hasattr(m, "scale")]
+
+
+def lora_params(model) -> dict[str, mx.array]:
+    return dict(tree_flatten(model.trainable_parameters()))
+
+
+def set_lora_params(model, params: dict[str, mx.array]) -> None:
+    model.update(tree_unflatten(list(params.items())))
+
+
+@contextmanager
+def base_model(model):
+    """The frozen base model: every LoRA scale 0 for the duration (exactly base logits)."""
+    mods = lora_modules(model)
+    scales = [m.scale for m in mods]
+    for m in mods:
+        m.scale = 0.0
+    try:
+        yield model
+    finally:
+        for m, s in zip(mods, scales):
+            m.scale = s
+
+
+def tokens(s: Sample, teacher: bool = False) -> tuple[mx.array, int]:
+    prompt = s.teacher_prompt_ids if teacher else s.prompt_ids
+    return mx.array(prompt + s.response_ids, dtype=mx.int32), len(prompt)
+
+
+def student_view(lm, s: Sample, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """(ids (n, 1+k), log-probs (n, 1+k)): the sampled token, then the policy's top-k."""
+    ids, n_prompt = tokens(s)
+    top_ids, _ = topk_logprobs(lm, ids, n_prompt, k)
+    gather = mx.concatenate([mx.array(s.response_ids, dtype=mx.int32)[:, None], top_ids.astype(mx.int32)], axis=1)
+    lp = response_logprobs(lm, ids, n_prompt, gather)
+    mx.eval(lp)
+    return np.array(gather), np.array(lp)
+
+
+def teacher_view(lm, s: Sample, top_ids: np.ndarray) -> np.ndarray | None:
+    """Base model + hint, at the student's top-k ids: (n, k), or None without a hint."""
+    if s.teacher_prompt_ids is None:
+        return None
+    ids, n_prompt = tokens(s, teacher=True)
+    with base_model(lm.model):
+        lp = response_logprobs(lm, ids, n_prompt, mx.array(top_ids, dtype=mx.int32))
+        mx.eval(lp)
+    return np.array(lp)
+
+
+def advantages(top_old: np.ndarray, top_teacher: np.ndarray, delta_clip: float) -> np.ndarray:
+    """A_v = softmax_S(ℓ_old)(v) · clip(ℓ_T(v) − ℓ_old(v), −C, C)  (METHOD §5)."""
+    w = np.exp(top_old - top_old.max(axis=1, keepdims=True))
+    w /= w.sum(axis=1, keepdims=True)
+    return w * np.clip(top_teacher - top_old, -delta_clip, delta_clip)
+
+
+def direction(lm, samples: list[Sample], active: dict, candidate: dict, k: int, delta_clip: float) -> dict:
+    """Mean signalled-direction gain of the candidate over the active adapter."""
+    gains = []
+    for s in samples:
+        set_lora_params(lm.model, active)
+        ids, lp_active = student_view(lm, s, k)
+        teacher = teacher_view(lm, s, ids[:, 1:])
+        set_lora_params(lm.model, candidate)
+        t, n_prompt = tokens(s)
+        lp_cand = np.array(response_logprobs(lm, t, n_prompt, mx.array(ids)))
+        diff = lp_cand - lp_active
+        gain = s.reward * float(diff[:, 0].mean()) if s.reward else 0.0
+        if teacher is not None:
+            gain += float((advantages(lp_active[:, 1:], teacher, delta_clip) * diff[:, 1:]).sum(axis=1).mean())
+        gains.append(gain)
+    set_lora_params(lm.model, candidate)
+    return {"n": len(gains), "gain": float(np.mean(gains)) if gains else None,
+            "improved": float(np.mean([g > 0 for g in gains])) if gains else None}
+
+
+def full_logprobs(lm, s: Sample) -> np.ndarray:
+    """log-softmax over the whole vocabulary at each response position: (n, V)."""
+    ids, n_prompt = tokens(s)
+    h = lm.hidden(ids[None, :-1])[0, n_prompt - 1:]
+    logits = lm.logits(h).astype(mx.float32)
+    lp = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+    mx.eval(lp)
+    return np.array(lp)
+
+
+def kl_to_base(lm, canary: list[Sample]) -> float:
+    """Mean per-token KL(current ‖ base) over the canary answers, in nats."""
+    kls = []
+    for s in canary:
+        cur = full_logprobs(lm, s)
+        with base_model(lm.model):
+            base = full_logprobs(lm, s)
+        kls.extend((np.exp(cur) * (cur - base)).sum(axis=1).tolist())
+    return float(np.mean(kls)) if kls else 0.0
+
+
+def probe(lm, s: Sample, max_response: int = 64) -> dict:
+    """Δ log p(sampled token), candidate − base, per position, for the live check."""
+    s = Sample(s.turn_id, s.prompt_ids, s.response_ids[:max_response])
+    ids, n_prompt = tokens(s)
+    at = mx.array(s.response_ids, dtype=mx.int32)[:, None]
+    cand = np.array(response_logprobs(lm, ids, n_prompt, at))[:, 0]
+    with base_model(lm.model):
+        base = np.array(response_logprobs(lm, ids, n_prompt, at))[:, 0]
+    return {"prompt_ids": s.prompt_ids, "response_ids": s.response_ids, "delta": (cand - base).tolist()}

@@ -1,0 +1,286 @@
+"""The trainer child process: `python -m clawd.training.run JOB_DIR --cache CACHE_DIR --out ADAPTERS_DIR`.
+
+Boundary: reads JOB_DIR/job.json (clawd/training/data.py), trains one LoRA adapter with the
+hybrid objective, measures the eval gate, and writes ADAPTERS_DIR/<job id>/ atomically (a temp
+dir renamed into place), so a kill at any moment leaves the whole adapter or none. It never
+touches the database or the served model: it reports to the daemon as JSON lines on stdout
+({"event": ...}), and a crash or OOM here cannot take serving down.
+
+Stopping: SIGTERM asks for a stop at the next optimizer step; the run saves a checkpoint
+(LoRA weights, optimizer state, step) in JOB_DIR and exits with STOPPED. Started again on the
+same JOB_DIR it resumes from there; π_old and teacher log-probs are kept in JOB_DIR too, so a
+resumed run optimizes exactly the same objective.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from clawd.training import blas
+
+STOPPED = 75  # EX_TEMPFAIL: stopped at a checkpoint on request; run again to resume
+LORA_KEYS = {"q_proj": "self_attn.q_proj", "k_proj": "self_attn.k_proj", "v_proj": "self_attn.v_proj",
+             "o_proj": "self_attn.o_proj", "gate_proj": "mlp.gate_proj", "up_proj": "mlp.up_proj",
+             "down_proj": "mlp.down_proj"}
+
+
+def emit(event: str, **fields) -> None:
+    print(json.dumps({"event": event, "time": time.time(), **fields}), flush=True)
+
+
+class StopFlag:
+    """Set by SIGTERM; checked between optimizer steps."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        signal.signal(signal.SIGTERM, self._set)
+
+    def _set(self, *_):
+        self.requested = True
+
+
+def lora_keys(targets: str) -> list[str]:
+    names = [t.strip() for t in targets.split(",") if t.strip()]
+    unknown = [n for n in names if n not in LORA_KEYS]
+    if unknown:
+        raise SystemExit(f"training.targets: unknown projection(s) {unknown}; choose from {sorted(LORA_KEYS)}")
+    return [LORA_KEYS[n] for n in names]
+
+
+def attach_lora(lm, settings, parent_path: str | None) -> str | None:
+    """LoRA on every block; continue from the parent's weights when its shape matches.
+    Returns a note when the parent could not be continued."""
+    from mlx_lm.tuner.utils import linear_to_lora_layers
+
+    from clawd.training.export import load_mlx_adapter
+
+    lm.model.freeze()
+    keys = lora_keys(settings.targets)
+    scale = settings.alpha / settings.rank
+    if parent_path:
+        cfg = json.loads((Path(parent_path) / "adapter_config.json").read_text())
+        lp = cfg.get("lora_parameters", {})
+        if lp.get("rank") == settings.rank and sorted(lp.get("keys", [])) == sorted(keys) and lp.get("scale") == scale:
+            load_mlx_adapter(lm.model, Path(parent_path))
+            return None
+        note = "parent adapter has another rank/targets/scale: trained from the base model"
+    else:
+        note = None
+    linear_to_lora_layers(lm.model, len(lm.model.layers),
+                          {"rank": settings.rank, "scale": scale, "dropout": 0.0, "keys": keys})
+    return note
+
+
+def prepare(lm, samples, k: int, cache: Path, progress: Callable[[int, int], None]) -> list[dict]:
+    """π_old (the current LoRA = the parent) at the sampled tokens and its top-k, and the
+    teacher (base + hint) at that top-k, for every sample: recomputed in MLX so no ratio
+    mixes engines (STACK.md). Cached in the job dir for resumes."""
+    import numpy as np
+
+    from clawd.training.evaluate import student_view, teacher_view
+
+    if cache.exists():
+        with np.load(cache) as z:
+            return [{"ids": z[f"ids{i}"], "old": z[f"old{i}"],
+                     "teacher": z[f"teacher{i}"] if f"teacher{i}" in z else None} for i in range(len(samples))]
+    out = []
+    for i, s in enumerate(samples):
+        ids, old = student_view(lm, s, k)
+        out.append({"ids": ids, "old": old, "teacher": teacher_view(lm, s, ids[:, 1:])})
+        progress(i + 1, len(samples))
+    arrays = {f"{name}{i}": p[name] for i, p in enumerate(out) for name in ("ids", "old", "teacher")
+              if p[name] is not None}
+    tmp = cache.with_name("prepared.tmp.npz")
+    np.savez(tmp, **arrays)
+    os.replace(tmp, cache)
+    return out
+
+
+def sample_loss(lm, sample, prep, weights):
+    """The hybrid loss of one sample (a batch of one: variable lengths need no padding)."""
+    import mlx.core as mx
+
+    from clawd.training.evaluate import tokens
+    from clawd.training.loss import hybrid_loss, response_logprobs
+
+    ids, n_prompt = tokens(sample)
+    lp = response_logprobs(lm, ids, n_prompt, mx.array(prep["ids"]))
+    old = mx.array(prep["old"])
+    n, k = prep["ids"].shape[0], prep["ids"].shape[1] - 1
+    teacher = prep["teacher"]
+    return hybrid_loss(
+        lp[None, :, 0], old[None, :, 0], mx.array([float(sample.reward)]),
+        lp[None, :, 1:], old[None, :, 1:],
+        mx.array(teacher)[None] if teacher is not None else mx.zeros((1, n, k)),
+        mx.array([teacher is not None]), mx.ones((1, n)), weights)
+
+
+def batches(n: int, batch_size: int) -> list[list[int]]:
+    return [list(range(i, min(i + batch_size, n))) for i in range(0, n, batch_size)]
+
+
+def train(model, steps: Iterator[list[int]], loss_fn, optimizer, grad_clip: float,
+          on_step: Callable[[int, dict], bool]) -> int:
+    """The training loop: one optimizer update per item of `steps` (a list of sample indices,
+    gradients averaged over them). `loss_fn(i)` gives (loss, metrics) for sample i; `on_step`
+    gets (step, metrics) after each update and returns False to stop. Returns steps done."""
+    import mlx.core as mx
+    import mlx.nn as nn
+    import mlx.optimizers as optim
+    from mlx.utils import tree_map
+
+    grad_of = nn.value_and_grad(model, lambda _m, i: loss_fn(i))
+    done = 0
+    for indices in steps:
+        t0 = time.perf_counter()
+        total, agg = None, {}
+        for i in indices:
+            (loss, metrics), grads = grad_of(model, i)
+            total = grads if total is None else tree_map(mx.add, total, grads)
+            mx.eval(total, loss)
+            for key, v in {"loss": loss, **metrics}.items():
+                agg.setdefault(key, []).append(float(v))
+        # Mean over the samples that carry a term (an ablation weight of 0 can empty one).
+        counted = max(sum(agg.get("n_samples", [len(indices)])), 1)
+        total = tree_map(lambda g: g / counted, total)
+        if grad_clip > 0:
+            total, norm = optim.clip_grad_norm(total, grad_clip)
+            agg["grad_norm"] = [float(norm)]
+        optimizer.update(model, total)
+        mx.eval(model.trainable_parameters(), optimizer.state)
+        done += 1
+        summary = {k: sum(v) / len(v) for k, v in agg.items()}
+        summary["seconds"] = time.perf_counter() - t0
+        if not on_step(done, summary):
+            break
+    return done
+
+
+def save_checkpoint(path: Path, model, optimizer, step: int) -> None:
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+
+    tmp = path.with_name(path.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    mx.save_safetensors(str(tmp / "lora.safetensors"), dict(tree_flatten(model.trainable_parameters())))
+    mx.save_safetensors(str(tmp / "optimizer.safetensors"), dict(tree_flatten(optimizer.state)))
+    (tmp / "step.json").write_text(json.dumps({"step": step}))
+    shutil.rmtree(path, ignore_errors=True)
+    os.replace(tmp, path)
+
+
+def load_checkpoint(path: Path, model, optimizer) -> int:
+    import mlx.core as mx
+    from mlx.utils import tree_unflatten
+
+    model.update(tree_unflatten(list(mx.load(str(path / "lora.safetensors")).items())))
+    optimizer.state = tree_unflatten(list(mx.load(str(path / "optimizer.safetensors")).items()))
+    return json.loads((path / "step.json").read_text())["step"]
+
+
+def run(job_dir: Path, cache_dir: Path, out_dir: Path, *, stock_blas: bool = False) -> int:
+    choice = blas.enable(cache_dir, stock=stock_blas)
+    emit("start", blas=choice.name, blas_detail=choice.detail, pid=os.getpid())
+    stop = StopFlag()
+
+    import mlx.core as mx
+    import mlx.optimizers as optim
+
+    from clawd.training import evaluate
+    from clawd.training.data import read_job
+    from clawd.training.export import mlx_to_gguf, save_mlx_adapter
+    from clawd.training.loss import LossWeights
+    from clawd.training.weights import load_model
+
+    job = read_job(job_dir / "job.json")
+    cfg = job.settings
+    final = out_dir / job.id
+    if final.exists():
+        emit("done", adapter_id=job.id, path=str(final), already=True)
+        return 0
+    mx.random.seed(0)
+    emit("phase", phase="load", model=job.model_path)
+    lm = load_model(Path(job.model_path), cache_dir=cache_dir)
+    note = attach_lora(lm, cfg, job.parent_path)
+    active = evaluate.lora_params(lm.model)  # the parent's weights = π_old
+    k = 4
+    emit("phase", phase="prepare", samples=len(job.train))
+    prep = prepare(lm, job.train, k, job_dir / "prepared.npz",
+                   lambda i, n: emit("prepare", done=i, total=n))
+
+    weights = LossWeights(rl=cfg.w_rl, opd=cfg.w_opd)
+    optimizer = optim.AdamW(learning_rate=cfg.learning_rate, betas=[0.9, 0.98], weight_decay=cfg.weight_decay)
+    plan = [b for b in batches(len(job.train), cfg.batch_size) for _ in range(cfg.epochs)]
+    ckpt = job_dir / "checkpoint"
+    start = load_checkpoint(ckpt, lm.model, optimizer) if ckpt.exists() else 0
+    history: list[dict] = json.loads((job_dir / "history.json").read_text()) if start else []
+
+    def on_step(step: int, m: dict) -> bool:
+        m["step"] = start + step
+        history.append(m)
+        emit("step", total=len(plan), tokens=sum(len(job.train[i].response_ids) for i in plan[start + step - 1]),
+             **m)
+        return not stop.requested
+
+    emit("phase", phase="train", steps=len(plan), resumed_at=start)
+    done = train(lm.model, iter(plan[start:]), lambda i: sample_loss(lm, job.train[i], prep[i], weights),
+                 optimizer, cfg.grad_clip, on_step)
+    if start + done < len(plan):
+        save_checkpoint(ckpt, lm.model, optimizer, start + done)
+        (job_dir / "history.json").write_text(json.dumps(history))
+        emit("stopped", step=start + done, total=len(plan))
+        return STOPPED
+
+    emit("phase", phase="gate", holdout=len(job.holdout))
+    candidate = evaluate.lora_params(lm.model)
+    judged_on = "holdout" if job.holdout else "train"  # no held-out signal yet: say so
+    gate = evaluate.direction(lm, job.holdout or job.train, active, candidate, k, weights.delta_clip)
+    gate.update(judged_on=judged_on, kl_to_base=evaluate.kl_to_base(lm, job.canary), kl_bound=cfg.kl_bound)
+    gate["passed"] = bool(gate["gain"] is not None and gate["gain"] > 0 and gate["kl_to_base"] <= cfg.kl_bound)
+    probe = evaluate.probe(lm, job.train[0] if job.train else job.canary[0])
+
+    metrics = {"steps": len(plan), "samples": len(job.train), "history": history,
+               "final": history[-1] if history else {}, "note": note}
+    meta = {"id": job.id, "parent_id": job.parent_id, "model": job.model, "created_at": time.time(),
+            "signals": [s.turn_id for s in job.train], "holdout": [s.turn_id for s in job.holdout],
+            "metrics": metrics, "gate": gate, "probe": probe}
+    tmp = out_dir / f".tmp-{job.id}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    save_mlx_adapter(lm.model, tmp, rank=cfg.rank, scale=cfg.alpha / cfg.rank, num_layers=len(lm.model.layers),
+                     keys=lora_keys(cfg.targets), extra={"clawd_base_model": job.model})
+    mlx_to_gguf(tmp, lm, tmp / "adapter.gguf")
+    (tmp / "meta.json").write_text(json.dumps(meta))
+    os.replace(tmp, final)  # the adapter appears whole, or not at all
+    emit("done", adapter_id=job.id, path=str(final), gate=gate, final=metrics["final"])
+    return 0
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m clawd.training.run", description=__doc__.splitlines()[0])
+    p.add_argument("job_dir", type=Path)
+    p.add_argument("--cache", type=Path, required=True, help="clawd's cache dir (dequantized weights, BLAS shim)")
+    p.add_argument("--out", type=Path, required=True, help="the adapters dir")
+    p.add_argument("--stock-blas", action="store_true", help="keep MLX's bundled reference BLAS (benchmarks)")
+    a = p.parse_args(argv)
+    try:
+        sys.exit(run(a.job_dir, a.cache, a.out, stock_blas=a.stock_blas))
+    except Exception as e:  # the daemon shows this line; the traceback goes to stderr (the log)
+        import traceback
+
+        traceback.print_exc()
+        emit("error", message=f"{type(e).__name__}: {e}")
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,258 @@
+"""The closed loop on a tiny real model: signals -> trainer child (real MLX) -> adapter dir ->
+gate -> hot-swap into the running llama.cpp engine (verified live) -> rollback; and the
+crash-safety contract (SIGKILL at any point, checkpoint-stop and resume, corrupt files,
+forgotten sessions, pausing for the user)."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import shutil
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from clawd.store import adapters as adapter_rows
+from clawd.store import signals
+from tests.conftest import start_daemon
+
+TRAIN_ENV = {"CLAWD_TRAINING_AUTO": 0, "CLAWD_TRAINING_HOLDOUT": 0.0, "CLAWD_TRAINING_KL_BOUND": 50.0,
+             "CLAWD_TRAINING_RANK": 4, "CLAWD_TRAINING_ALPHA": 8.0, "CLAWD_TRAINING_LEARNING_RATE": 0.02,
+             "CLAWD_TRAINING_BATCH_SIZE": 2, "CLAWD_TRAINING_EPOCHS": 2}
+
+
+@pytest.fixture
+def train_daemon(clawd_home, tiny_gguf):
+    from clawd.engines.llamacpp import Engine
+
+    d = start_daemon(clawd_home, Engine(tiny_gguf, n_ctx=256, n_threads=1, model_id="tiny"), TRAIN_ENV)
+    yield d
+    d.stop()
+
+
+def chat(d, text: str, seed: int = 0) -> dict:
+    with d.client() as c:
+        r = c.post("/v1/chat/completions", json={
+            "model": "tiny", "messages": [{"role": "user", "content": text}],
+            "max_tokens": 12, "temperature": 0.8, "seed": seed})
+        assert r.status_code == 200, r.text
+        return r.json()
+
+
+def make_ready_signals(d, n: int) -> list[str]:
+    """n real turns, each turned into a ready signal: alternating +1 / -1, every other one hinted."""
+    ids = [chat(d, f"question number {i}?", seed=i)["id"] for i in range(n)]
+    db = d.state.db
+
+    async def mark():
+        await signals.create_missing(db)
+        for k, tid in enumerate(ids):
+            sig = await signals.get(db, tid)
+            sig.status, sig.reward = "ready", (1 if k % 2 == 0 else -1)
+            sig.reward_source = "feedback"
+            sig.hint = "Answer in one short sentence." if k % 2 == 1 else None
+            await signals.save(db, sig)
+
+    d.run(mark())
+    return ids
+
+
+def training(d, method: str = "GET", path: str = "/clawd/training", **kw) -> dict:
+    with d.client() as c:
+        r = c.request(method, path, **kw)
+        assert r.status_code < 400, r.text
+        return r.json()
+
+
+def wait_run(d, timeout: float = 240) -> dict:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        st = training(d)
+        if st["state"] in ("idle", "error"):
+            return st
+        time.sleep(0.2)
+    raise AssertionError(f"training did not finish: {st}")
+
+
+def wait_for(d, pred, timeout: float = 120) -> dict:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        st = training(d)
+        if pred(st):
+            return st
+        time.sleep(0.05)
+    raise AssertionError(f"condition not reached: {st}")
+
+
+def base_logprobs(d, prompt, target, adapter=None) -> np.ndarray:
+    engine = d.state.chat.runner.engine
+    return d.run(d.state.chat.runner.call(engine.score, prompt, target, adapter=adapter)).logprobs
+
+
+def test_train_promote_serve_and_rollback(train_daemon):
+    d = train_daemon
+    trained = make_ready_signals(d, 4)
+    job = training(d, "POST")
+    st = wait_run(d)
+    assert st["state"] == "idle", st
+    res = st["result"]
+    assert res["promoted"], res
+    aid = res["adapter_id"]
+    assert aid == job["job_id"]
+    assert res["gate"]["passed"] and res["gate"]["gain"] > 0 and res["gate"]["judged_on"] == "train"
+
+    # The adapter dir is complete: mlx-lm files, the GGUF LoRA, and metadata naming its signals.
+    adir = d.home / "data" / "adapters" / aid if (d.home / "data").exists() else None
+    rec = d.run(adapter_rows.get(d.state.db, aid))
+    adir = Path(rec.path)
+    assert {p.name for p in adir.iterdir()} >= {"adapters.safetensors", "adapter_config.json", "adapter.gguf", "meta.json"}
+    assert sorted(rec.signals) == sorted(trained) and rec.status == "active"
+    assert rec.gate["live_check"]["corr"] > 0.5
+    assert rec.metrics["steps"] == 4 and rec.metrics["final"]["n_samples"] >= 1
+
+    # New turns wear it, and record it as their provenance.
+    out = chat(d, "after training")
+    turn = d.run(__import__("clawd.store.turns", fromlist=["x"]).get_turn(d.state.db, out["id"]))
+    assert turn.adapter_id == aid
+    with d.client() as c:
+        assert c.get("/clawd/status").json()["active_adapter"] == aid
+        listed = c.get("/clawd/adapters").json()
+    assert listed["active"] == aid and listed["adapters"][0]["id"] == aid
+
+    # Rollback: back to the base model exactly, and the newer adapter is kept (retired).
+    probe = json.loads((adir / "meta.json").read_text())["probe"]
+    p, t = probe["prompt_ids"], probe["response_ids"]
+    before = base_logprobs(d, p, t)
+    training(d, "POST", "/clawd/adapters/rollback")
+    assert d.state.chat.active_adapter() is None
+    np.testing.assert_array_equal(base_logprobs(d, p, t, adapter=None), before)
+    assert chat(d, "after rollback")["id"]
+    rec = d.run(adapter_rows.get(d.state.db, aid))
+    assert rec.status == "retired" and adir.is_dir()
+    # ... and can come back.
+    training(d, "POST", f"/clawd/adapters/{aid}/activate")
+    assert d.state.chat.active_adapter() == aid
+
+    # Nothing new to learn: a second run is refused with a clear 400.
+    with d.client() as c:
+        r = c.post("/clawd/training")
+    assert r.status_code == 400 and "nothing to train on" in r.json()["error"]["message"]
+
+
+def test_sigkill_trainer_leaves_no_adapter_and_active_unchanged(train_daemon):
+    d = train_daemon
+    make_ready_signals(d, 4)
+    training(d, "POST")
+    # Kill it at a random moment after it started computing.
+    st = wait_for(d, lambda s: s["phase"] in ("prepare", "train", "gate"))
+    time.sleep(random.uniform(0.0, 1.0))
+    proc = d.state.scheduler._proc
+    if proc is not None:
+        os.kill(proc.pid, signal.SIGKILL)
+    st = wait_run(d)
+    adapters_dir = d.state.registry.dir
+    finished = [p for p in adapters_dir.iterdir() if not p.name.startswith(".")]
+    if st["state"] == "error":  # killed: nothing half-written became an adapter
+        assert "code -9" in st["result"]["error"]
+        assert finished == [] and d.state.chat.active_adapter() is None
+        assert d.run(adapter_rows.list_all(d.state.db)) == []
+    else:  # the run beat the kill: then it must be whole
+        assert (finished[0] / "meta.json").is_file()
+    # Start-up cleans any temp dir a kill left behind.
+    (adapters_dir / ".tmp-ad-x").mkdir()
+    d.run(d.state.registry.restore())
+    assert not (adapters_dir / ".tmp-ad-x").exists()
+
+
+def test_stop_at_checkpoint_then_resume(train_daemon):
+    d = train_daemon
+    make_ready_signals(d, 4)
+    first = training(d, "POST")["job_id"]
+    wait_for(d, lambda s: s["phase"] == "train" and s["step"] >= 1)
+    training(d, "POST", "/clawd/training/stop")
+    st = wait_run(d)
+    assert st["result"]["resumable"] and st["result"]["job_id"] == first
+    job_dir = d.state.scheduler.jobs_dir / first
+    assert (job_dir / "checkpoint" / "step.json").is_file()
+    stopped_at = json.loads((job_dir / "checkpoint" / "step.json").read_text())["step"]
+    assert training(d, "POST")["job_id"] == first  # resumed, not rebuilt
+    st = wait_run(d)
+    assert st["result"]["promoted"], st
+    rec = d.run(adapter_rows.get(d.state.db, first))
+    assert [h["step"] for h in rec.metrics["history"]] == list(range(1, 5))
+    assert stopped_at >= 1
+
+
+def test_corrupt_or_mismatched_adapter_is_refused_and_active_kept(train_daemon, tmp_path):
+    from tests.tiny_models import build_tiny_gguf, build_tiny_lora
+
+    d = train_daemon
+    make_ready_signals(d, 2)
+    training(d, "POST")
+    st = wait_run(d)
+    aid = st["result"]["adapter_id"]
+    assert d.state.chat.active_adapter() == aid
+    src = Path(d.run(adapter_rows.get(d.state.db, aid)).path)
+
+    # A copy whose GGUF was built for another architecture and other sizes.
+    other = build_tiny_gguf(tmp_path / "other.gguf", arch="qwen2", n_embd=32, n_head=2, n_head_kv=1, n_ff=48)
+    bad = d.state.registry.dir / "ad-bad"
+    shutil.copytree(src, bad)
+    meta = json.loads((bad / "meta.json").read_text())
+    meta["id"] = "ad-bad"
+    (bad / "meta.json").write_text(json.dumps(meta))
+    build_tiny_lora(bad / "adapter.gguf", other)
+    with pytest.raises(Exception) as e:
+        d.run(d.state.registry.register(bad))
+    msg = str(e.value)
+    assert "architecture" in msg and "shape" in msg, msg
+
+    # A garbage file under a registered adapter: activation refused, the active one unchanged.
+    rec = d.run(adapter_rows.get(d.state.db, aid))
+    d.run(d.state.registry.activate(None))
+    (src / "adapter.gguf").write_bytes(b"GGUF" + os.urandom(64))
+    d.state.chat.runner.engine.unload_adapter(aid)
+    with d.client() as c:
+        r = c.post(f"/clawd/adapters/{aid}/activate")
+    assert r.status_code == 400, r.text
+    assert aid in r.json()["error"]["message"]
+    assert d.state.chat.active_adapter() is None
+    assert d.run(adapter_rows.active(d.state.db)) is None
+    assert rec.status == "active"
+
+
+def test_forgetting_a_session_retires_its_adapters(train_daemon):
+    d = train_daemon
+    ids = make_ready_signals(d, 2)
+    training(d, "POST")
+    aid = wait_run(d)["result"]["adapter_id"]
+    assert d.state.chat.active_adapter() == aid
+    turn = d.run(__import__("clawd.store.turns", fromlist=["x"]).get_turn(d.state.db, ids[0]))
+    with d.client() as c:
+        out = c.delete(f"/clawd/sessions/{turn.session_id}").json()
+    assert out["retired_adapters"] == [aid]
+    rec = d.run(adapter_rows.get(d.state.db, aid))
+    assert rec.forgotten and rec.status == "retired" and not Path(rec.path).exists()
+    assert d.state.chat.active_adapter() is None
+    with d.client() as c:
+        r = c.post(f"/clawd/adapters/{aid}/activate")
+    assert r.status_code == 400 and "forgotten" in r.json()["error"]["message"]
+
+
+def test_trainer_pauses_while_the_user_is_served(train_daemon):
+    d = train_daemon
+    make_ready_signals(d, 4)
+    d.state.scheduler.resume_quiet_s = 1.0
+    training(d, "POST")
+    wait_for(d, lambda s: s["phase"] in ("prepare", "train"))
+    proc = d.state.scheduler._proc
+    chat(d, "are you there?")
+    state = Path(f"/proc/{proc.pid}/stat").read_text().split(")")[1].split()[0]
+    assert state == "T" and training(d)["state"] == "paused"  # stopped while we were served
+    st = wait_for(d, lambda s: s["state"] != "paused", timeout=30)
+    assert st["state"] in ("running", "idle")
+    assert wait_run(d)["result"]["promoted"]
