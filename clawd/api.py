@@ -30,6 +30,7 @@ from clawd.miner import forget_session
 from clawd.store import adapters as adapter_rows
 from clawd.store import signals, turns
 from clawd.store.db import Database
+from clawd.training.data import untrained_count
 
 log = logging.getLogger(__name__)
 LOOPBACK = {"127.0.0.1", "::1", "localhost"}
@@ -306,9 +307,17 @@ def create_app(state: ApiState) -> FastAPI:
         return st
 
     @app.post("/clawd/training", dependencies=auth)
-    async def start_training():
-        """Train now on the ready signals (ignores the idle/window rules)."""
-        job_id = await _scheduler().run_now()
+    async def start_training(if_ready: bool = False):
+        """Train now on the ready signals (ignores the idle/window rules). With `if_ready`
+        (timers), only when training.min_signals are waiting; otherwise say why not."""
+        sched = _scheduler()
+        if if_ready:
+            n = await untrained_count(state.db, sched.settings.holdout)
+            if sched.running or n < sched.settings.min_signals:
+                reason = "a run is in progress" if sched.running else \
+                    f"{n} of {sched.settings.min_signals} untrained signals ready"
+                return {"job_id": None, "state": sched.status.state, "reason": reason}
+        job_id = await sched.run_now()
         return {"job_id": job_id, "state": "running"}
 
     @app.post("/clawd/training/stop", dependencies=auth)

@@ -234,7 +234,13 @@ def cmd_train(args) -> int:
         print(f"   why: {st.get('reason', '')}")
         print(f"  last: {_training_summary(st.get('result'))}")
         return 0
-    started = _daemon_call(args, "POST", "/clawd/training")
+    if args.scheduled:  # the overnight timer: train only if enough signals wait, else exit 0
+        started = _daemon_call(args, "POST", "/clawd/training", params={"if_ready": 1})
+        if not started.get("job_id"):
+            print(f"clawd: not training: {started['reason']}")
+            return 0
+    else:
+        started = _daemon_call(args, "POST", "/clawd/training")
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
@@ -422,6 +428,8 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("train", help="training status; --now to train immediately with a progress bar")
     s.add_argument("--now", action="store_true", help="train on the ready signals now and follow the run")
     s.add_argument("--stop", action="store_true", help="stop the running training at its next step (resumable)")
+    s.add_argument("--scheduled", action="store_true",
+                   help="with --now: only if training.min_signals are ready (for timers); else exit 0")
     s.add_argument("--json", action="store_true", help="machine-readable status")
     s.set_defaults(func=cmd_train)
 

@@ -180,7 +180,7 @@ class Scheduler:
             self._proc = await asyncio.create_subprocess_exec(
                 self.python, "-m", "clawd.training.run", str(job_dir), "--cache", str(self.paths.cache_dir),
                 "--out", str(self.paths.adapters_dir), stdout=asyncio.subprocess.PIPE, stderr=log_file,
-                preexec_fn=lambda: os.nice(self.settings.nice))
+                preexec_fn=self._low_priority)
             done, error = None, None
             try:
                 async for line in self._proc.stdout:
@@ -225,6 +225,16 @@ class Scheduler:
         except AdapterError as e:
             out["error"] = str(e)
         return out
+
+    def _low_priority(self) -> None:
+        # In the child, before exec: lowest CPU priority, and on Linux the idle scheduling
+        # class (runs only when nothing else wants the CPU), as clawd-train.service does.
+        os.nice(self.settings.nice)
+        if hasattr(os, "SCHED_IDLE"):
+            try:
+                os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+            except OSError:
+                pass  # not permitted in some containers; nice alone still applies
 
     def _event(self, line: bytes) -> dict:
         try:
@@ -289,5 +299,5 @@ class Scheduler:
             if task is not None:
                 task.cancel()
         if self.running:
-            await self._terminate(30.0)
+            await self._terminate(20.0)  # within the service manager's stop timeout (45 s)
             await asyncio.gather(self._run, return_exceptions=True)

@@ -26,6 +26,10 @@ def test_daemon_never_imports_the_tui_or_textual():
     mods = loaded_after("import clawd.daemon, clawd.api, clawd.chat, clawd.models, clawd.engines.fake")
     assert "textual" not in mods and "tui" not in mods
     assert "llama_cpp" not in mods  # loaded only when a llama.cpp engine is built
+    # MLX lives in the trainer child: a crash or OOM in training can never take serving down,
+    # and the daemon does not pay mlx_lm's ~1.6 s import or its memory.
+    mods = loaded_after("import clawd.daemon, clawd.adapters, clawd.scheduler, clawd.training.data")
+    assert mods.isdisjoint({"mlx", "mlx_lm"})
 
 
 def test_engine_module_defers_llama_cpp_until_used():

@@ -36,6 +36,10 @@ def emit(event: str, **fields) -> None:
     print(json.dumps({"event": event, "time": time.time(), **fields}), flush=True)
 
 
+class StopRequested(Exception):
+    pass
+
+
 class StopFlag:
     """Set by SIGTERM; checked between optimizer steps."""
 
@@ -214,8 +218,17 @@ def run(job_dir: Path, cache_dir: Path, out_dir: Path, *, stock_blas: bool = Fal
     active = evaluate.lora_params(lm.model)  # the parent's weights = π_old
     k = 4
     emit("phase", phase="prepare", samples=len(job.train))
-    prep = prepare(lm, job.train, k, job_dir / "prepared.npz",
-                   lambda i, n: emit("prepare", done=i, total=n))
+
+    def prepared(i: int, n: int) -> None:
+        emit("prepare", done=i, total=n)
+        if stop.requested:  # nothing to checkpoint yet: the next run prepares again
+            raise StopRequested
+
+    try:
+        prep = prepare(lm, job.train, k, job_dir / "prepared.npz", prepared)
+    except StopRequested:
+        emit("stopped", step=0, total=0)
+        return STOPPED
 
     weights = LossWeights(rl=cfg.w_rl, opd=cfg.w_opd)
     optimizer = optim.AdamW(learning_rate=cfg.learning_rate, betas=[0.9, 0.98], weight_decay=cfg.weight_decay)
