@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: serve test test-fast bench-serve
+.PHONY: serve test test-fast demo bench-serve bench-train
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -21,5 +21,11 @@ test: $(STAMP)  ## every test, the real-model (slow) ones included, as CI runs t
 test-fast: $(STAMP)  ## the quick loop: everything but the real-model tests
 	$(PY) -m pytest
 
+demo: $(STAMP)  ## teach the embedded model one correction, show the change, roll it back
+	$(PY) examples/learn_a_correction.py
+
 bench-serve: $(STAMP)  ## serving speed through the daemon vs raw llama-cpp-python
 	$(PY) benchmarks/serve.py
+
+bench-train: $(STAMP)  ## training step: clawd's hybrid step vs an mlx_lm SFT step, BLAS, memory (~6 min)
+	$(PY) benchmarks/train.py

@@ -111,6 +111,21 @@ class ChatService:
         task.add_done_callback(self._running.pop)
         return ts
 
+    async def score(self, messages: list[Message], completion: str, adapter: str | None) -> dict:
+        """Per-token log-probs of `completion` as the reply to `messages` (not logged)."""
+        engine = self.runner.engine
+        rendered = self.format.render(messages)
+        prompt_ids = engine.tokenize(rendered.prompt, add_bos=rendered.add_bos and engine.info.add_bos)
+        target = engine.tokenize(completion, add_bos=False, special=False)
+        if len(prompt_ids) + len(target) >= engine.info.n_ctx:
+            raise ContextLengthExceeded(f"prompt + completion need {len(prompt_ids) + len(target)} tokens; "
+                                        f"the context is {engine.info.n_ctx}")
+        # From an empty cache, so the same weights always give the same number (a diagnostic
+        # compares these across adapters and over time; cached-prefix reuse moves the last bits).
+        res = await self.runner.call(engine.score, prompt_ids, target, adapter=adapter, reuse_cache=False)
+        return {"adapter": adapter, "tokens": [engine.detokenize([t]) for t in target],
+                "logprobs": res.logprobs.tolist(), "total": float(res.logprobs.sum())}
+
     async def complete(self, messages: list[Message], params: SamplingParams, *,
                        adapter: str | None = None, background: bool = True) -> str:
         """One reply as text, not logged as a turn: for judges and side-by-side answers.

@@ -218,6 +218,28 @@ def _training_summary(result: dict | None) -> str:
             f"{gate.get('n', 0)} {gate.get('judged_on', '')} signals, KL to base {gate.get('kl_to_base', 0):.4f})")
 
 
+# A run missed overnight fires at login, while clawd.service is still loading its model.
+SCHEDULED_WAIT_S = 120.0
+
+
+def _wait_for_daemon(args, seconds: float) -> None:
+    """Retry while the daemon cannot be reached, for up to `seconds`; an answer, even an
+    error (a wrong token), ends the wait."""
+    import time
+
+    import httpx
+
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            _daemon_call(args, "GET", "/clawd/health")
+            return
+        except ClawdError as e:
+            if not isinstance(e.__cause__, httpx.HTTPError) or time.monotonic() >= deadline:
+                raise
+            time.sleep(2.0)
+
+
 def cmd_train(args) -> int:
     import time
 
@@ -235,6 +257,7 @@ def cmd_train(args) -> int:
         print(f"  last: {_training_summary(st.get('result'))}")
         return 0
     if args.scheduled:  # the overnight timer: train only if enough signals wait, else exit 0
+        _wait_for_daemon(args, SCHEDULED_WAIT_S)
         started = _daemon_call(args, "POST", "/clawd/training", params={"if_ready": 1})
         if not started.get("job_id"):
             print(f"clawd: not training: {started['reason']}")

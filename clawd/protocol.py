@@ -53,6 +53,16 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
+class ScoreRequest(BaseModel):
+    """POST /clawd/score: how likely the served model finds `completion` as the reply to
+    `messages`, with the active adapter, the base model, or a named adapter. This is how a
+    user (or the learning demo) sees what an adapter changed, as a log-prob margin."""
+
+    messages: list[Message] = Field(min_length=1)
+    completion: str = Field(min_length=1)
+    adapter: str = "active"  # "active" | "base" | an adapter id
+
+
 class ChatCompletionRequest(BaseModel):
     """POST /v1/chat/completions. Unknown keys are accepted and ignored."""
 

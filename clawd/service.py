@@ -1,7 +1,11 @@
 """`clawd service`: run the daemon as a per-user service (systemd --user on Linux,
 a launchd LaunchAgent on macOS), following CONVENTIONS.md §9-10.
 
-Boundary: this module renders the unit file from its template, writes or removes it,
+Besides the daemon's unit it installs, and removes, the overnight training trigger (§9-10): a
+systemd timer + oneshot service, or a background LaunchAgent, that runs `clawd train --now
+--scheduled` at 03:00.
+
+Boundary: this module renders the unit files from their templates, writes or removes them,
 and drives systemctl / launchctl / loginctl / journalctl through ONE runner function
 (tests inject a fake and a temporary HOME). Everything it needs from the environment
 (HOME, XDG_*, CLAWD_HOME, PATH, USER) arrives as a mapping; it never uses sudo and never
@@ -35,12 +39,16 @@ from clawd.errors import ClawdError
 from clawd.paths import resolve_paths
 
 UNIT_NAME = "clawd.service"
+TRAIN_UNIT = "clawd-train.service"
+TIMER_UNIT = "clawd-train.timer"
 LABEL = "ai.clawd.daemon"
-_TEMPLATES = {"systemd": UNIT_NAME, "launchd": f"{LABEL}.plist"}
+TRAIN_LABEL = "ai.clawd.train"
+# The files `clawd service install` writes, the daemon's first; each is a template in clawd/units/.
+UNIT_FILES = {"systemd": (UNIT_NAME, TRAIN_UNIT, TIMER_UNIT), "launchd": (f"{LABEL}.plist", f"{TRAIN_LABEL}.plist")}
 _XDG_DIRS = ("XDG_CONFIG_HOME", "XDG_DATA_HOME", "XDG_STATE_HOME", "XDG_CACHE_HOME")
 _DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
-# Relative to the repository root; see the module docstring.
-EXAMPLES = {"linux": Path("systemd") / UNIT_NAME, "darwin": Path("launchd") / f"{LABEL}.plist"}
+# Folders relative to the repository root; see the module docstring.
+EXAMPLES = {"linux": Path("systemd"), "darwin": Path("launchd")}
 
 
 # ---- running system commands -----------------------------------------------------------
@@ -104,14 +112,24 @@ def _home(env: Mapping[str, str]) -> Path:
     return Path(home)
 
 
-def unit_path(platform: str, env: Mapping[str, str]) -> Path:
-    """Where the unit file goes: ~/.config/systemd/user/ or ~/Library/LaunchAgents/."""
+def unit_dir(platform: str, env: Mapping[str, str]) -> Path:
+    """Where the unit files go: ~/.config/systemd/user/ or ~/Library/LaunchAgents/."""
     home = _home(env)
     if manager(platform) == "launchd":
-        return home / "Library" / "LaunchAgents" / f"{LABEL}.plist"
+        return home / "Library" / "LaunchAgents"
     xdg = env.get("XDG_CONFIG_HOME", "")
     base = Path(xdg) if xdg and os.path.isabs(xdg) else home / ".config"
-    return base / "systemd" / "user" / UNIT_NAME
+    return base / "systemd" / "user"
+
+
+def unit_paths(platform: str, env: Mapping[str, str]) -> list[Path]:
+    """Every file `clawd service install` writes, the daemon's unit first."""
+    return [unit_dir(platform, env) / name for name in UNIT_FILES[manager(platform)]]
+
+
+def unit_path(platform: str, env: Mapping[str, str]) -> Path:
+    """The daemon's unit file."""
+    return unit_paths(platform, env)[0]
 
 
 def _launchd_log_dir(env: Mapping[str, str]) -> Path:
@@ -159,8 +177,8 @@ def shadowed_settings(env: Mapping[str, str]) -> list[str]:
 
 # ---- rendering ------------------------------------------------------------------------------
 
-def _template(kind: str) -> str:
-    return resources.files("clawd").joinpath("units", _TEMPLATES[kind]).read_text(encoding="utf-8")
+def _template(name: str) -> str:
+    return resources.files("clawd").joinpath("units", name).read_text(encoding="utf-8")
 
 
 def _sd_word(s: str, *, exec_line: bool = False) -> str:
@@ -174,15 +192,15 @@ def _sd_word(s: str, *, exec_line: bool = False) -> str:
     return '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
-def _render_systemd(clawd_executable: str, env: dict[str, str]) -> str:
-    exec_start = " ".join(_sd_word(a, exec_line=True) for a in (clawd_executable, "serve"))
+def _render_systemd(name: str, clawd_executable: str, env: dict[str, str]) -> str:
     environment = "\n".join(f"Environment={_sd_word(f'{k}={v}')}" for k, v in env.items())
-    text = _template("systemd").replace("@EXEC_START@", exec_start).replace("@ENVIRONMENT@", environment)
-    assert not re.search(r"@[A-Z_]+@", text), "unfilled placeholder in the systemd template"
+    text = (_template(name).replace("@CLAWD@", _sd_word(clawd_executable, exec_line=True))
+            .replace("@ENVIRONMENT@", environment))
+    assert not re.search(r"@[A-Z_]+@", text), f"unfilled placeholder in the systemd template {name}"
     return text
 
 
-def _render_launchd(clawd_executable: str, env: dict[str, str], home: Path, log_dir: Path) -> str:
+def _render_launchd(name: str, clawd_executable: str, env: dict[str, str], home: Path, log_dir: Path) -> str:
     # Parsed and re-serialised with plistlib, so any path is escaped correctly for XML.
     values = {"@CLAWD@": clawd_executable, "@LOG_DIR@": str(log_dir), "@HOME@": str(home)}
 
@@ -198,16 +216,16 @@ def _render_launchd(clawd_executable: str, env: dict[str, str], home: Path, log_
             return [fill(x) for x in v]
         return v
 
-    plist = fill(plistlib.loads(_template("launchd").encode("utf-8")))
+    plist = fill(plistlib.loads(_template(name).encode("utf-8")))
     plist["EnvironmentVariables"] = dict(env)
     text = plistlib.dumps(plist, sort_keys=False).decode("utf-8")
-    note = ("<!-- clawd user agent, written by `clawd service install` from clawd/units/ai.clawd.daemon.plist.\n"
+    note = (f"<!-- clawd user agent, written by `clawd service install` from clawd/units/{name}.\n"
             "     Re-run it after moving or upgrading clawd; settings belong in config.toml. -->\n")
     return text.replace("<plist ", note + "<plist ", 1)
 
 
-def render(platform: str, clawd_executable: str, env: Mapping[str, str]) -> tuple[Path, str]:
-    """The unit file for this user: (where it goes, its text).
+def render_all(platform: str, clawd_executable: str, env: Mapping[str, str]) -> list[tuple[Path, str]]:
+    """The unit files for this user, the daemon's first: [(where it goes, its text), ...].
 
     Args:
         platform: a sys.platform value ("linux", "darwin").
@@ -218,30 +236,40 @@ def render(platform: str, clawd_executable: str, env: Mapping[str, str]) -> tupl
     """
     if not os.path.isabs(clawd_executable):
         raise ClawdError(f"the clawd command must be an absolute path, got {clawd_executable!r}")
-    kind = manager(platform)
     senv = service_env(platform, clawd_executable, env)
-    if kind == "systemd":
-        return unit_path(platform, env), _render_systemd(clawd_executable, senv)
-    return unit_path(platform, env), _render_launchd(clawd_executable, senv, _home(env), _launchd_log_dir(env))
+    if manager(platform) == "systemd":
+        return [(p, _render_systemd(p.name, clawd_executable, senv)) for p in unit_paths(platform, env)]
+    home, log_dir = _home(env), _launchd_log_dir(env)
+    return [(p, _render_launchd(p.name, clawd_executable, senv, home, log_dir)) for p in unit_paths(platform, env)]
 
 
-def render_example(platform: str) -> str:
-    """The rendering kept in the repository's systemd/ or launchd/ folder."""
+def render(platform: str, clawd_executable: str, env: Mapping[str, str]) -> tuple[Path, str]:
+    """The daemon's unit file: (where it goes, its text). See render_all."""
+    return render_all(platform, clawd_executable, env)[0]
+
+
+def render_examples(platform: str) -> dict[str, str]:
+    """The renderings kept in the repository's systemd/ or launchd/ folder: {file name: text}."""
     home = "/Users/you" if platform == "darwin" else "/home/you"
     env = {"HOME": home, "PATH": "/usr/local/bin:/usr/bin:/bin"}
-    _, text = render(platform, f"{home}/.local/bin/clawd", env)
-    if platform == "darwin":
-        return text.replace("<!-- clawd user agent", "<!-- EXAMPLE for a user `you` (python -m clawd.service "
-                            "regenerates it).\n     clawd user agent", 1)
-    return "# EXAMPLE for a user `you` (python -m clawd.service regenerates it).\n" + text
+    out = {}
+    for path, text in render_all(platform, f"{home}/.local/bin/clawd", env):
+        if platform == "darwin":
+            text = text.replace("<!-- clawd user agent", "<!-- EXAMPLE for a user `you` (python -m clawd.service "
+                                "regenerates it).\n     clawd user agent", 1)
+        else:
+            text = "# EXAMPLE for a user `you` (python -m clawd.service regenerates it).\n" + text
+        out[path.name] = text
+    return out
 
 
 def write_examples(root: Path) -> list[Path]:
     out = []
-    for platform, rel in EXAMPLES.items():
-        (root / rel).parent.mkdir(parents=True, exist_ok=True)
-        (root / rel).write_text(render_example(platform), encoding="utf-8")
-        out.append(root / rel)
+    for platform, folder in EXAMPLES.items():
+        (root / folder).mkdir(parents=True, exist_ok=True)
+        for name, text in render_examples(platform).items():
+            (root / folder / name).write_text(text, encoding="utf-8")
+            out.append(root / folder / name)
     return out
 
 
@@ -284,24 +312,27 @@ def _linger_lines(env: Mapping[str, str], uid: int, linger: bool | None) -> list
 def install(platform: str, env: Mapping[str, str], *, clawd_executable: str | None = None,
             runner: Runner = run_command, echo: Callable[[str], None] = print, dry_run: bool = False,
             uid: int | None = None) -> int:
-    """Write the unit and start it now and at every login. Returns the exit code.
+    """Write the units, start the daemon now and at every login, and arm the overnight
+    training trigger. Returns the exit code.
 
-    With dry_run, prints the file it would write and the commands it would run."""
+    With dry_run, prints the files it would write and the commands it would run."""
     uid = os.getuid() if uid is None else uid
     kind = manager(platform)
     exe = clawd_executable or find_clawd(env)
-    path, text = render(platform, exe, env)
+    files = render_all(platform, exe, env)
+    path, text = files[0]  # the daemon's
     if dry_run:
         runner = _dry_runner(echo)
     old = path.read_text(encoding="utf-8") if path.is_file() else None
-    if dry_run:
-        echo(f"would write {path}:")
-        echo("\n".join("    " + ln for ln in text.splitlines()))
-    else:
-        if kind == "launchd":
-            _launchd_log_dir(env).mkdir(parents=True, exist_ok=True)  # launchd will not create it
-        _write(path, text)
-        echo(f"wrote {path}")
+    if not dry_run and kind == "launchd":
+        _launchd_log_dir(env).mkdir(parents=True, exist_ok=True)  # launchd will not create it
+    for p, t in files:
+        if dry_run:
+            echo(f"would write {p}:")
+            echo("\n".join("    " + ln for ln in t.splitlines()))
+        else:
+            _write(p, t)
+            echo(f"wrote {p}")
     for var in shadowed_settings(env):
         echo(f"note: {var} is set in this shell but the service will not see it; put the setting in config.toml")
 
@@ -309,11 +340,13 @@ def install(platform: str, env: Mapping[str, str], *, clawd_executable: str | No
         steps = [_systemctl("daemon-reload"), _systemctl("enable", "--now", UNIT_NAME)]
         if old is not None and old != text:
             steps.append(_systemctl("restart", UNIT_NAME))  # enable --now leaves a running old unit alone
+        steps.append(_systemctl("enable", "--now", TIMER_UNIT))
     else:
         domain = f"gui/{uid}"
         # bootstrap refuses a label that is already loaded, so unload first (failure = not loaded).
-        runner(["launchctl", "bootout", f"{domain}/{LABEL}"])
-        steps = [["launchctl", "bootstrap", domain, str(path)]]
+        for label in (LABEL, TRAIN_LABEL):
+            runner(["launchctl", "bootout", f"{domain}/{label}"])
+        steps = [["launchctl", "bootstrap", domain, str(p)] for p, _ in files]
     for argv in steps:
         r = runner(argv)
         if not dry_run:
@@ -324,10 +357,12 @@ def install(platform: str, env: Mapping[str, str], *, clawd_executable: str | No
                 echo(f"{argv[0]} is not available here, so the service cannot be started; "
                      "run `clawd serve` yourself, or remove the file with `clawd service uninstall`")
             else:
-                echo(f"the unit is written to {path}; fix the problem above and run `clawd service install` again")
+                echo(f"the units are written to {path.parent}; fix the problem above and run "
+                     "`clawd service install` again")
             return 1
     if not dry_run:
-        echo(f"clawd runs as a user service now and at every login: `clawd service status`, `clawd service logs`.")
+        echo("clawd runs as a user service now and at every login, and trains at 03:00 when enough signals "
+             "are ready: `clawd service status`, `clawd service logs`.")
     if kind == "systemd":
         linger = check_linger(env, uid, runner)
         if not dry_run:
@@ -338,25 +373,32 @@ def install(platform: str, env: Mapping[str, str], *, clawd_executable: str | No
 
 def uninstall(platform: str, env: Mapping[str, str], *, runner: Runner = run_command,
               echo: Callable[[str], None] = print, dry_run: bool = False, uid: int | None = None) -> int:
-    """Stop the service and remove its unit file. Returns the exit code."""
+    """Stop the service and the training trigger and remove their unit files. Returns the exit code."""
     uid = os.getuid() if uid is None else uid
     kind = manager(platform)
-    path = unit_path(platform, env)
-    if not path.exists() and not dry_run:
-        echo(f"clawd is not installed as a service (no {path}).")
+    paths = [p for p in unit_paths(platform, env) if dry_run or p.exists()]
+    if not paths:
+        echo(f"clawd is not installed as a service (no {unit_path(platform, env)}).")
         return 0
     if dry_run:
         runner = _dry_runner(echo)
-    stop = (_systemctl("disable", "--now", UNIT_NAME) if kind == "systemd"
-            else ["launchctl", "bootout", f"gui/{uid}/{LABEL}"])
-    r = runner(stop)
-    if not dry_run:
-        echo(f"ran: {shlex.join(stop)}" + ("" if r.returncode == 0 else f" ({r.message})"))
-    if dry_run:
-        echo(f"would remove {path}")
+    # The trigger first, so it cannot start a run meanwhile; only units whose file is there.
+    if kind == "systemd":
+        stops = {TIMER_UNIT: _systemctl("disable", "--now", TIMER_UNIT), TRAIN_UNIT: _systemctl("stop", TRAIN_UNIT),
+                 UNIT_NAME: _systemctl("disable", "--now", UNIT_NAME)}
     else:
-        path.unlink(missing_ok=True)
-        echo(f"removed {path}")
+        stops = {f"{label}.plist": ["launchctl", "bootout", f"gui/{uid}/{label}"] for label in (TRAIN_LABEL, LABEL)}
+    for name, argv in stops.items():
+        if any(p.name == name for p in paths):
+            r = runner(argv)
+            if not dry_run:
+                echo(f"ran: {shlex.join(argv)}" + ("" if r.returncode == 0 else f" ({r.message})"))
+    for path in paths:
+        if dry_run:
+            echo(f"would remove {path}")
+        else:
+            path.unlink(missing_ok=True)
+            echo(f"removed {path}")
     if kind == "systemd":
         runner(_systemctl("daemon-reload"))
     return 0
@@ -372,12 +414,37 @@ class ServiceStatus:
     state: str = "not installed"
     pid: int | None = None
     linger: bool | None = None
+    training: str | None = None  # the overnight trigger: "enabled, active" (systemd), "loaded" (launchd), ...
+    next_training: str | None = None  # systemd's next elapse of clawd-train.timer, when it has one
     notes: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return {"manager": self.manager, "unit_path": str(self.unit_path), "installed": self.installed,
                 "enabled": self.enabled, "active": self.active, "state": self.state, "pid": self.pid,
-                "linger": self.linger, "notes": self.notes}
+                "linger": self.linger, "training": self.training, "next_training": self.next_training,
+                "notes": self.notes}
+
+
+def _training_status(st: ServiceStatus, uid: int, runner: Runner) -> None:
+    """Fill in the overnight training trigger's state, with one note saying it."""
+    if not (st.unit_path.parent / UNIT_FILES[st.manager][1]).is_file():
+        st.training = "not installed"
+        st.notes.append("overnight training is not set up: run `clawd service install` again to add it")
+        return
+    if st.manager == "systemd":
+        r = runner(_systemctl("show", TIMER_UNIT, "-p", "UnitFileState", "-p", "ActiveState",
+                              "-p", "NextElapseUSecRealtime"))
+        props = dict(ln.partition("=")[::2] for ln in r.stdout.splitlines() if "=" in ln)
+        st.training = f"{props.get('UnitFileState') or '?'}, {props.get('ActiveState') or '?'}"
+        st.next_training = props.get("NextElapseUSecRealtime") or None
+        when = f"; next run {st.next_training}" if st.next_training else ""
+        st.notes.append(f"overnight training: {TIMER_UNIT} {st.training}{when}")
+        if props.get("ActiveState") != "active":
+            st.notes.append(f"arm it with `systemctl --user enable --now {TIMER_UNIT}`")
+        return
+    r = runner(["launchctl", "print", f"gui/{uid}/{TRAIN_LABEL}"])
+    st.training = "loaded" if r.returncode == 0 else "not loaded"
+    st.notes.append(f"overnight training: {TRAIN_LABEL} {st.training} (runs at 03:00, or on wake after sleep)")
 
 
 def status(platform: str, env: Mapping[str, str], *, runner: Runner = run_command,
@@ -398,12 +465,14 @@ def status(platform: str, env: Mapping[str, str], *, runner: Runner = run_comman
         st.enabled = enabled.stdout.strip() or enabled.message
         st.state = active.stdout.strip() or active.message
         st.active = st.state == "active"
+        _training_status(st, uid, runner)
         st.linger = check_linger(env, uid, runner)
         if st.linger is not True:
             st.notes += _linger_lines(env, uid, st.linger)
         if not st.active:
             st.notes.append("see why with `clawd service logs`; start it with `systemctl --user start clawd`")
         return st
+    _training_status(st, uid, runner)
     r = runner(["launchctl", "print", f"gui/{uid}/{LABEL}"])
     if r.returncode != 0:
         st.enabled, st.state = "not loaded", "not running"
@@ -422,13 +491,16 @@ def status(platform: str, env: Mapping[str, str], *, runner: Runner = run_comman
 
 def logs(platform: str, env: Mapping[str, str], *, follow: bool = True, runner: Runner = run_command,
          echo: Callable[[str], None] = print, dry_run: bool = False) -> int:
-    """Show the service's log (journal, or the LaunchAgent's log files), following it."""
+    """Show the service's log and the overnight training's (journal, or the LaunchAgents'
+    log files), following it."""
     if manager(platform) == "systemd":
-        argv = ["journalctl", "--user", "-u", "clawd"] + (["-f"] if follow else ["-n", "200", "--no-pager"])
+        argv = (["journalctl", "--user", "-u", "clawd", "-u", "clawd-train"]
+                + (["-f"] if follow else ["-n", "200", "--no-pager"]))
     else:
         d = _launchd_log_dir(env)
-        argv = ["tail", "-n", "100"] + (["-F"] if follow else []) + [str(d / "clawd.out.log"),
-                                                                      str(d / "clawd.err.log")]
+        files = [d / "clawd.out.log", d / "clawd.err.log"]
+        files += [d / "train.log"] if (d / "train.log").is_file() else []  # written at the first 03:00 run
+        argv = ["tail", "-n", "100"] + (["-F"] if follow else []) + [str(f) for f in files]
     if dry_run:
         return _dry_runner(echo)(argv).returncode
     r = runner(argv, capture=False)

@@ -669,3 +669,32 @@ def test_openapi_served(fake_daemon):
     assert spec["openapi"].startswith("3.")
     for path in ("/v1/chat/completions", "/v1/models", "/clawd/status", "/clawd/turns/{turn_id}"):
         assert path in spec["paths"]
+
+
+def test_score_route(fake_daemon):
+    """/clawd/score returns the same per-token log-probs as scoring the rendered prompt and the
+    completion directly, logs no turn, and rejects unknown or unloaded adapters."""
+    d = fake_daemon
+    engine = d.state.chat.runner.engine
+    messages = [user("what is the capital of Spain?")]
+    r = HTTP.post(d.url + "/clawd/score", json={"messages": messages, "completion": "Madrid.", "adapter": "base"})
+    assert r.status_code == 200, r.text
+    out = r.json()
+    prompt = d.state.chat.format.render([Message(**m) for m in messages]).prompt
+    expected = d.run(d.state.chat.runner.call(engine.score, engine.tokenize(prompt, add_bos=True),
+                                              engine.tokenize("Madrid.", add_bos=False, special=False)))
+    assert out["adapter"] is None
+    assert len(out["tokens"]) == len(out["logprobs"]) == len(expected.logprobs)
+    np.testing.assert_allclose(out["logprobs"], expected.logprobs, rtol=1e-6)
+    assert out["total"] == pytest.approx(float(expected.logprobs.sum()), rel=1e-5)
+    active = HTTP.post(d.url + "/clawd/score", json={"messages": messages, "completion": "Madrid."}).json()
+    assert active["adapter"] is None and active["logprobs"] == out["logprobs"]  # no adapter is active
+    assert HTTP.get(d.url + "/clawd/status").json()["turns"] == 0
+
+    assert_openai_error(HTTP.post(d.url + "/clawd/score", json={"messages": messages, "completion": "x",
+                                                                 "adapter": "a-missing"}), 404)
+    assert_openai_error(HTTP.post(d.url + "/clawd/score", json={"messages": messages, "completion": ""}), 400)
+    assert_openai_error(HTTP.post(d.url + "/clawd/score", json={"messages": [], "completion": "x"}), 400)
+    too_long = "x" * (engine.info.n_ctx + 10)
+    assert_openai_error(HTTP.post(d.url + "/clawd/score", json={"messages": messages, "completion": too_long}),
+                        400, code="context_length_exceeded")

@@ -65,9 +65,12 @@ def test_doctor_on_a_working_home(clawd_home, tmp_path, tiny_gguf):
     assert "GFLOP/s" in by_check["numpy BLAS"][1]
     assert by_check["mlx"][0] in ("ok", "warning")  # training needs it; serving does not
     # The trainer's BLAS, measured the way the trainer loads it: the fast one on this machine.
+    # Its GFLOP/s depend on what else runs (a busy CI core measured 6), so only the choice and
+    # the measurement are checked here; benchmarks/train.py measures the speed.
     status, detail = by_check["mlx BLAS"]
-    assert status == "ok" and ("openblas" in detail or "accelerate" in detail), detail
-    assert float(detail.split(": ")[1].split(" GFLOP/s")[0]) >= 20
+    assert detail.startswith(("openblas: ", "accelerate: ")), detail
+    gflops = float(detail.split(": ")[1].split(" GFLOP/s")[0])
+    assert gflops > 0 and status == ("ok" if gflops >= doctor.MLX_SLOW_GFLOPS else "warning"), detail
     assert by_check["service"][0] == "ok" and by_check["port"][0] == "ok"
     assert p.returncode == (1 if any(lvl == "error" for lvl, _ in by_check.values()) else 0), p.stdout
 

@@ -162,6 +162,18 @@ def test_score_matches_reference(models, arch, n_batch):
         rf.close()
 
 
+def test_fresh_score_is_bit_identical_whatever_ran_before(engine):
+    """reuse_cache=False recomputes every position, so the numbers do not depend on what the
+    cache held (a cached prefix computed in other batch shapes can move the last bits)."""
+    seq = engine.tokenize("The quick brown fox jumps over the lazy dog. " * 4, add_bos=True)
+    prompt, targets = seq[:20], seq[20:40]
+    first = engine.score(prompt, targets, reuse_cache=False)
+    for other in (seq[:25], seq[:7] + seq[30:35], seq[:3]):  # leave different prefixes cached
+        engine.score(other, seq[40:44])
+        again = engine.score(prompt, targets, reuse_cache=False)
+        assert np.array_equal(again.logprobs, first.logprobs)
+
+
 def test_generation_at_the_end_of_the_context(engine, ref):
     filler = engine.tokenize("Hello the world and the sea. " * 40, add_bos=True)
     for room in (1, 3):

@@ -525,7 +525,7 @@ def test_forget_session(md, http, monkeypatch, capsys):
 
     r = http.delete(md.url + f"/clawd/sessions/{sid}")
     assert r.status_code == 200, r.text
-    assert r.json() == {"session_id": sid, "forgotten_turns": 2}
+    assert r.json() == {"session_id": sid, "forgotten_turns": 2, "retired_adapters": []}
     for tid in (a1, a2):
         assert http.get(md.url + f"/clawd/turns/{tid}").status_code == 404
         assert http.get(md.url + f"/clawd/signals/{tid}").status_code == 404

@@ -1,5 +1,6 @@
-"""`clawd service`: the rendered systemd unit and launchd plist are valid and absolute,
-install / uninstall write and remove the right file and run the right commands (against a
+"""`clawd service`: the rendered systemd units and launchd plists (the daemon's and the
+overnight training trigger's) are valid and absolute, install / uninstall write and remove
+the right files and run the right commands (against a
 temporary HOME and a fake command runner: the real home and service manager are never
 touched), --dry-run changes nothing, and a `clawd serve` stopped by SIGTERM (what
 `systemctl stop` sends) ends its stream properly, keeps its turns whole and exits 0."""
@@ -104,16 +105,38 @@ def test_systemd_unit_quotes_odd_paths(user_env, tmp_path):
     assert f'"CLAWD_HOME={str(odd).replace("%", "%%")}/state"' in e["Service.Environment"]
 
 
+def test_training_units_are_absolute_and_complete(user_env):
+    env = {**user_env, "CLAWD_HOME": "/srv/clawd", "XDG_DATA_HOME": "/data/xdg"}
+    files = service.render_all("linux", CLAWD_EXE, env)
+    units = Path(user_env["HOME"]) / ".config" / "systemd" / "user"
+    assert [p for p, _ in files] == [units / "clawd.service", units / "clawd-train.service",
+                                     units / "clawd-train.timer"]
+    daemon, train, timer = (unit_entries(text) for _, text in files)
+    assert daemon["Service.TimeoutStopSec"] == ["45"]  # the trainer child stops at a checkpoint (~20 s)
+    assert train["Service.Type"] == ["oneshot"]
+    assert train["Service.ExecStart"] == [f"{CLAWD_EXE} train --now --scheduled"]
+    assert (train["Service.Nice"], train["Service.CPUSchedulingPolicy"], train["Service.IOSchedulingClass"]) == \
+        (["19"], ["idle"], ["idle"])
+    assert train["Service.Environment"] == daemon["Service.Environment"]  # finds the same daemon and files
+    assert "Install.WantedBy" not in train and "Service.Restart" not in train  # started by the timer only
+    assert timer["Timer.OnCalendar"] == ["*-*-* 03:00:00"] and timer["Timer.Persistent"] == ["true"]
+    assert timer["Timer.Unit"] == ["clawd-train.service"] and timer["Install.WantedBy"] == ["timers.target"]
+    for _, text in files[1:]:
+        for bad in ("sh -c", "bash", "$(", "sudo", "User=", "~", "@"):  # no inline shell, no placeholder
+            assert bad not in text.split("[Unit]", 1)[1], (bad, text)
+
+
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze is not installed")
-def test_systemd_analyze_verifies_the_unit(user_env, tmp_path):
-    _, text = service.render("linux", CLAWD_EXE, {**user_env, "CLAWD_HOME": str(tmp_path / "c")})
-    unit = tmp_path / "verify" / "clawd.service"
-    unit.parent.mkdir()
-    unit.write_text(text)
+def test_systemd_analyze_verifies_the_units(user_env, tmp_path):
+    verify = tmp_path / "verify"
+    verify.mkdir()
+    for path, text in service.render_all("linux", CLAWD_EXE, {**user_env, "CLAWD_HOME": str(tmp_path / "c")}):
+        (verify / path.name).write_text(text)
     runtime = tmp_path / "runtime"
     runtime.mkdir(mode=0o700)
     env = {**os.environ, "XDG_RUNTIME_DIR": str(runtime), "HOME": user_env["HOME"]}
-    p = subprocess.run(["systemd-analyze", "--user", "verify", str(unit)], capture_output=True, text=True,
+    units = [str(verify / n) for n in ("clawd.service", "clawd-train.service", "clawd-train.timer")]
+    p = subprocess.run(["systemd-analyze", "--user", "verify", *units], capture_output=True, text=True,
                        env=env, timeout=60)
     assert p.returncode == 0 and not (p.stdout + p.stderr).strip(), p.stdout + p.stderr
 
@@ -151,6 +174,24 @@ def test_launchd_plist_is_absolute_and_complete(user_env):
         assert os.path.isabs(plist[key])
 
 
+def test_launchd_training_plist(user_env):
+    files = service.render_all("darwin", CLAWD_EXE, user_env)
+    agents = Path(user_env["HOME"]) / "Library" / "LaunchAgents"
+    assert [p for p, _ in files] == [agents / "ai.clawd.daemon.plist", agents / "ai.clawd.train.plist"]
+    daemon, train = (plistlib.loads(text.encode()) for _, text in files)
+    assert daemon["ExitTimeOut"] == 45
+    assert train["Label"] == "ai.clawd.train"
+    assert train["ProgramArguments"] == [CLAWD_EXE, "train", "--now", "--scheduled"]
+    assert train["ProcessType"] == "Background" and train["LowPriorityIO"] is True
+    assert train["Nice"] == 19 and type(train["Nice"]) is int
+    assert train["StartCalendarInterval"] == {"Hour": 3, "Minute": 0}
+    log = f"{user_env['HOME']}/Library/Logs/clawd/train.log"
+    assert train["StandardOutPath"] == train["StandardErrorPath"] == log
+    assert train["EnvironmentVariables"] == daemon["EnvironmentVariables"]
+    assert train["WorkingDirectory"] == user_env["HOME"]
+    assert "RunAtLoad" not in train and "KeepAlive" not in train  # runs at 03:00 only, once
+
+
 def test_launchd_logs_default_to_library_logs(user_env):
     _, text = service.render("darwin", CLAWD_EXE, user_env)
     plist = plistlib.loads(text.encode())
@@ -168,16 +209,19 @@ def test_render_refuses_relative_executable_and_other_platforms(user_env):
 
 
 def test_repository_examples_are_current_renderings():
-    for platform, rel in service.EXAMPLES.items():
-        assert (ROOT / rel).read_text() == service.render_example(platform), \
-            f"{rel} is stale: run `python -m clawd.service`"
+    for platform, folder in service.EXAMPLES.items():
+        examples = service.render_examples(platform)
+        assert sorted(examples) == sorted(p.name for p in (ROOT / folder).iterdir())
+        for name, text in examples.items():
+            assert (ROOT / folder / name).read_text() == text, f"{folder / name} is stale: run `python -m clawd.service`"
 
 
 def test_templates_ship_as_package_data():
     # Read through importlib.resources (works in a wheel), and covered by pyproject's package-data.
     units = resources.files("clawd").joinpath("units")
     names = sorted(p.name for p in units.iterdir() if p.is_file())
-    assert names == ["ai.clawd.daemon.plist", "clawd.service"]
+    assert names == ["ai.clawd.daemon.plist", "ai.clawd.train.plist", "clawd-train.service", "clawd-train.timer",
+                     "clawd.service"]
     patterns = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["clawd"]
     assert all(any(fnmatch(f"units/{n}", p) for p in patterns) for n in names)
 
@@ -189,11 +233,14 @@ def test_install_and_uninstall_systemd(user_env):
     out: list[str] = []
     rc = service.install("linux", user_env, clawd_executable=CLAWD_EXE, runner=runner, echo=out.append, uid=1000)
     assert rc == 0
-    path, text = service.render("linux", CLAWD_EXE, user_env)
-    assert path.read_text() == text
+    files = service.render_all("linux", CLAWD_EXE, user_env)
+    for p, text in files:
+        assert p.read_text() == text
+    path = files[0][0]
     assert runner.calls == [
         ["systemctl", "--user", "daemon-reload"],
         ["systemctl", "--user", "enable", "--now", "clawd.service"],
+        ["systemctl", "--user", "enable", "--now", "clawd-train.timer"],
         ["loginctl", "show-user", "tester", "-p", "Linger"],
     ]
     joined = "\n".join(out)
@@ -211,8 +258,11 @@ def test_install_and_uninstall_systemd(user_env):
 
     runner.calls.clear()
     assert service.uninstall("linux", user_env, runner=runner, echo=out.append, uid=1000) == 0
-    assert not path.exists()
-    assert runner.calls == [["systemctl", "--user", "disable", "--now", "clawd.service"],
+    assert not any(p.exists() for p, _ in files)
+    assert list(path.parent.iterdir()) == []  # no temporary file left behind either
+    assert runner.calls == [["systemctl", "--user", "disable", "--now", "clawd-train.timer"],
+                            ["systemctl", "--user", "stop", "clawd-train.service"],
+                            ["systemctl", "--user", "disable", "--now", "clawd.service"],
                             ["systemctl", "--user", "daemon-reload"]]
     runner.calls.clear()
     out.clear()
@@ -246,14 +296,36 @@ def test_install_and_uninstall_launchd(user_env):
     out: list[str] = []
     assert service.install("darwin", user_env, clawd_executable=CLAWD_EXE, runner=runner, echo=out.append,
                            uid=501) == 0
-    path = Path(user_env["HOME"]) / "Library" / "LaunchAgents" / "ai.clawd.daemon.plist"
+    agents = Path(user_env["HOME"]) / "Library" / "LaunchAgents"
+    path, train = agents / "ai.clawd.daemon.plist", agents / "ai.clawd.train.plist"
     assert plistlib.loads(path.read_bytes())["ProgramArguments"] == [CLAWD_EXE, "serve"]
+    assert plistlib.loads(train.read_bytes())["ProgramArguments"] == [CLAWD_EXE, "train", "--now", "--scheduled"]
     assert (Path(user_env["HOME"]) / "Library" / "Logs" / "clawd").is_dir()  # launchd will not create it
     assert runner.calls == [["launchctl", "bootout", "gui/501/ai.clawd.daemon"],
-                            ["launchctl", "bootstrap", "gui/501", str(path)]]
+                            ["launchctl", "bootout", "gui/501/ai.clawd.train"],
+                            ["launchctl", "bootstrap", "gui/501", str(path)],
+                            ["launchctl", "bootstrap", "gui/501", str(train)]]
     runner.calls.clear()
     assert service.uninstall("darwin", user_env, runner=runner, echo=out.append, uid=501) == 0
-    assert runner.calls == [["launchctl", "bootout", "gui/501/ai.clawd.daemon"]] and not path.exists()
+    assert runner.calls == [["launchctl", "bootout", "gui/501/ai.clawd.train"],
+                            ["launchctl", "bootout", "gui/501/ai.clawd.daemon"]]
+    assert list(agents.iterdir()) == []
+
+
+def test_uninstall_an_install_that_predates_the_training_units(user_env):
+    # Installed by an older clawd: only clawd.service is there; nothing is asked about the others.
+    path, text = service.render("linux", CLAWD_EXE, user_env)
+    path.parent.mkdir(parents=True)
+    path.write_text(text)
+    runner = FakeRunner()
+    st = service.status("linux", user_env, runner=runner)
+    assert st.training == "not installed" and any("clawd service install" in n for n in st.notes)
+    assert not any("clawd-train" in " ".join(c) for c in runner.calls)
+    runner.calls.clear()
+    assert service.uninstall("linux", user_env, runner=runner, echo=lambda _: None) == 0
+    assert runner.calls == [["systemctl", "--user", "disable", "--now", "clawd.service"],
+                            ["systemctl", "--user", "daemon-reload"]]
+    assert not path.exists()
 
 
 def test_dry_run_writes_and_runs_nothing(user_env):
@@ -268,11 +340,20 @@ def test_dry_run_writes_and_runs_nothing(user_env):
     assert f"would write {path}:" in joined and f"    ExecStart={CLAWD_EXE} serve" in joined
     assert "would run: systemctl --user daemon-reload" in joined
     assert "would run: systemctl --user enable --now clawd.service" in joined
+    assert "would run: systemctl --user enable --now clawd-train.timer" in joined
+    assert f"    ExecStart={CLAWD_EXE} train --now --scheduled" in joined
     assert "would run: loginctl show-user tester -p Linger" in joined
 
     out.clear()
+    assert service.uninstall("linux", user_env, runner=runner, echo=out.append, dry_run=True) == 0
+    assert runner.calls == [] and list(Path(user_env["HOME"]).iterdir()) == []
+    for p in service.unit_paths("linux", user_env):
+        assert f"would remove {p}" in out
+    assert "would run: systemctl --user disable --now clawd-train.timer" in out
+
+    out.clear()
     assert service.logs("linux", user_env, runner=runner, echo=out.append, dry_run=True) == 0
-    assert out == ["would run: journalctl --user -u clawd -f"] and runner.calls == []
+    assert out == ["would run: journalctl --user -u clawd -u clawd-train -f"] and runner.calls == []
 
 
 def test_status_and_logs(user_env):
@@ -283,24 +364,45 @@ def test_status_and_logs(user_env):
     service.install("linux", user_env, clawd_executable=CLAWD_EXE, runner=runner, echo=lambda _: None)
     runner = FakeRunner({("systemctl", "--user", "is-enabled"): CommandResult(0, "enabled\n"),
                          ("systemctl", "--user", "is-active"): CommandResult(0, "active\n"),
+                         ("systemctl", "--user", "show", "clawd-train.timer"): CommandResult(
+                             0, "NextElapseUSecRealtime=Tue 2025-01-14 03:00:00 CET\nUnitFileState=enabled\n"
+                                "ActiveState=active\n"),
                          ("loginctl",): CommandResult(0, "Linger=yes\n")})
     st = service.status("linux", user_env, runner=runner)
     assert (st.installed, st.enabled, st.state, st.active, st.linger) == (True, "enabled", "active", True, True)
+    assert (st.training, st.next_training) == ("enabled, active", "Tue 2025-01-14 03:00:00 CET")
+    assert st.notes == ["overnight training: clawd-train.timer enabled, active; next run Tue 2025-01-14 03:00:00 CET"]
+    assert st.to_dict()["next_training"] == st.next_training
+    assert ["systemctl", "--user", "show", "clawd-train.timer", "-p", "UnitFileState", "-p", "ActiveState",
+            "-p", "NextElapseUSecRealtime"] in runner.calls
+    disarmed = FakeRunner({("systemctl", "--user", "show"): CommandResult(
+        0, "UnitFileState=disabled\nActiveState=inactive\nNextElapseUSecRealtime=\n")})
+    st = service.status("linux", user_env, runner=disarmed)
+    assert (st.training, st.next_training) == ("disabled, inactive", None)
+    assert any("systemctl --user enable --now clawd-train.timer" in n for n in st.notes)
     failed = FakeRunner({("systemctl", "--user", "is-active"): CommandResult(3, "failed\n")})
     st = service.status("linux", user_env, runner=failed)
     assert st.state == "failed" and not st.active and any("clawd service logs" in n for n in st.notes)
 
     service.logs("linux", user_env, runner=runner, follow=False)
-    assert runner.calls[-1] == ["journalctl", "--user", "-u", "clawd", "-n", "200", "--no-pager"]
+    assert runner.calls[-1] == ["journalctl", "--user", "-u", "clawd", "-u", "clawd-train", "-n", "200",
+                                "--no-pager"]
     service.logs("darwin", user_env, runner=runner)
     logs = Path(user_env["HOME"]) / "Library" / "Logs" / "clawd"
     assert runner.calls[-1] == ["tail", "-n", "100", "-F", str(logs / "clawd.out.log"), str(logs / "clawd.err.log")]
+    logs.mkdir(parents=True)
+    (logs / "train.log").write_text("")  # after the first overnight run
+    service.logs("darwin", user_env, runner=runner)
+    assert runner.calls[-1][-1] == str(logs / "train.log")
 
     mac = FakeRunner({("launchctl", "print"): CommandResult(0, "gui/501/ai.clawd.daemon = {\n\tstate = running\n"
                                                               "\tpid = 4242\n}\n")})
     service.install("darwin", user_env, clawd_executable=CLAWD_EXE, runner=mac, echo=lambda _: None, uid=501)
     st = service.status("darwin", user_env, runner=mac, uid=501)
-    assert (st.state, st.pid, st.active) == ("running", 4242, True)
+    assert (st.state, st.pid, st.active, st.training) == ("running", 4242, True, "loaded")
+    assert ["launchctl", "print", "gui/501/ai.clawd.train"] in mac.calls
+    unloaded = FakeRunner({("launchctl", "print", "gui/501/ai.clawd.train"): CommandResult(113, "", "not found")})
+    assert service.status("darwin", user_env, runner=unloaded, uid=501).training == "not loaded"
 
 
 def test_cli_dry_run(tmp_path, clawd_home):

@@ -13,12 +13,13 @@ import shutil
 import time
 from pathlib import Path
 
+import httpx
 import numpy as np
 import pytest
 
 from clawd.store import adapters as adapter_rows
 from clawd.store import signals
-from tests.conftest import start_daemon
+from tests.conftest import ServeProcess, start_daemon
 
 TRAIN_ENV = {"CLAWD_TRAINING_AUTO": 0, "CLAWD_TRAINING_HOLDOUT": 0.0, "CLAWD_TRAINING_KL_BOUND": 50.0,
              "CLAWD_TRAINING_RANK": 4, "CLAWD_TRAINING_ALPHA": 8.0, "CLAWD_TRAINING_LEARNING_RATE": 0.02,
@@ -37,7 +38,7 @@ def train_daemon(clawd_home, tiny_gguf):
 def chat(d, text: str, seed: int = 0) -> dict:
     with d.client() as c:
         r = c.post("/v1/chat/completions", json={
-            "model": "tiny", "messages": [{"role": "user", "content": text}],
+            "model": d.state.chat.model_id, "messages": [{"role": "user", "content": text}],
             "max_tokens": 12, "temperature": 0.8, "seed": seed})
         assert r.status_code == 200, r.text
         return r.json()
@@ -156,16 +157,19 @@ def test_sigkill_trainer_leaves_no_adapter_and_active_unchanged(train_daemon):
     st = wait_run(d)
     adapters_dir = d.state.registry.dir
     finished = [p for p in adapters_dir.iterdir() if not p.name.startswith(".")]
-    if st["state"] == "error":  # killed: nothing half-written became an adapter
+    if st["state"] == "error":  # killed: nothing went live, nothing was recorded
         assert "code -9" in st["result"]["error"]
-        assert finished == [] and d.state.chat.active_adapter() is None
+        assert d.state.chat.active_adapter() is None
         assert d.run(adapter_rows.list_all(d.state.db)) == []
-    else:  # the run beat the kill: then it must be whole
-        assert (finished[0] / "meta.json").is_file()
-    # Start-up cleans any temp dir a kill left behind.
+    # Whatever is in the adapters dir is whole (a kill just after the final rename leaves a
+    # finished adapter behind, never a partial one).
+    for p in finished:
+        assert {"meta.json", "adapter.gguf", "adapters.safetensors"} <= {f.name for f in p.iterdir()}, p
+    # Start-up cleans any temp dir a kill left behind and records finished, unrecorded adapters.
     (adapters_dir / ".tmp-ad-x").mkdir()
     d.run(d.state.registry.restore())
     assert not (adapters_dir / ".tmp-ad-x").exists()
+    assert {r.id for r in d.run(adapter_rows.list_all(d.state.db))} == {p.name for p in finished}
 
 
 def test_stop_at_checkpoint_then_resume(train_daemon):
@@ -256,3 +260,79 @@ def test_trainer_pauses_while_the_user_is_served(train_daemon):
     st = wait_for(d, lambda s: s["state"] != "paused", timeout=30)
     assert st["state"] in ("running", "idle")
     assert wait_run(d)["result"]["promoted"]
+
+
+def test_scheduled_trigger_trains_only_when_signals_wait(train_daemon, monkeypatch, capsys):
+    """`clawd train --now --scheduled` (what the overnight timer runs): exit 0 without a run when
+    too few signals wait; and when no daemon answers, it retries, then fails with one line."""
+    from clawd import cli
+
+    d = train_daemon
+    monkeypatch.setenv("CLAWD_HOME", str(d.home))
+    monkeypatch.setenv("CLAWD_SERVER_PORT", str(d.state.port))
+    make_ready_signals(d, 3)
+    assert cli.main(["train", "--now", "--scheduled"]) == 0
+    assert "not training: 3 of 8 untrained signals ready" in capsys.readouterr().out
+    assert training(d)["state"] == "idle" and training(d)["job_id"] is None
+
+    import socket
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        monkeypatch.setenv("CLAWD_SERVER_PORT", str(s.getsockname()[1]))
+    monkeypatch.setattr(cli, "SCHEDULED_WAIT_S", 2.5)
+    t0 = time.monotonic()
+    assert cli.main(["train", "--now", "--scheduled"]) == 1
+    assert time.monotonic() - t0 >= 2.5  # it waited for the daemon to come up
+    assert "clawd is not running" in capsys.readouterr().err
+
+
+def score(url: str, adapter: str) -> list[float]:
+    r = httpx.post(url + "/clawd/score", timeout=30, json={
+        "messages": [{"role": "user", "content": "question number 1?"}], "completion": "an answer", "adapter": adapter})
+    assert r.status_code == 200, r.text
+    return r.json()["logprobs"]
+
+
+def test_daemon_killed_during_promotion_restarts_on_old_or_new(clawd_home, tiny_gguf):
+    """SIGKILL `clawd serve` at random moments of an activation: on restart exactly one of the
+    two adapters is active, and llama.cpp serves that adapter's log-probs (verified live)."""
+    import threading
+
+    from clawd.engines.llamacpp import Engine
+
+    # Two adapters, trained in-process for the model id `clawd serve` will give this file.
+    d = start_daemon(clawd_home, Engine(tiny_gguf, n_ctx=256, n_threads=1), TRAIN_ENV)
+    try:
+        ids = []
+        for _ in range(2):
+            make_ready_signals(d, 4)
+            training(d, "POST")
+            ids.append(wait_run(d)["result"]["adapter_id"])
+        for aid in ids:  # both loaded, so both can be scored by name
+            training(d, "POST", f"/clawd/adapters/{aid}/activate")
+        expected = {aid: score(d.url, aid) for aid in ids}
+        assert expected[ids[0]] != expected[ids[1]] != score(d.url, "base")
+    finally:
+        d.stop()
+
+    rng = random.Random(0)
+    env = {**TRAIN_ENV, "CLAWD_MINING_ENABLED": 0}
+    for attempt in range(5):
+        serve = ServeProcess(clawd_home, "--model", str(tiny_gguf), env_extra=env)
+        try:
+            url = serve.wait_ready()
+            listed = httpx.get(url + "/clawd/adapters", timeout=30).json()
+            active = [a["id"] for a in listed["adapters"] if a["status"] == "active"]
+            assert len(active) == 1 and active[0] in ids and listed["active"] == active[0], listed
+            # Start-up re-applied and re-verified it: the served log-probs are that adapter's.
+            np.testing.assert_allclose(score(url, "active"), expected[active[0]], rtol=1e-5)
+            if attempt == 4:
+                break
+            other = ids[1 - ids.index(active[0])]
+            # Ask for the other adapter, and kill the daemon somewhere inside that request.
+            threading.Thread(target=lambda: httpx.post(f"{url}/clawd/adapters/{other}/activate", timeout=30),
+                             daemon=True).start()
+            time.sleep(rng.uniform(0.0, 0.08))  # activation takes tens of ms
+        finally:
+            serve.kill()

@@ -147,6 +147,7 @@ class Engine(abc.ABC):
         at_ids: np.ndarray | None = None,
         cancel: threading.Event | None = None,
         slot: int = 0,
+        reuse_cache: bool = True,
     ) -> ScoreResult:
         """Log-prob of every target token given the prompt and the targets before it.
 
@@ -159,6 +160,9 @@ class Engine(abc.ABC):
                 position (a teacher scored at the student's top-k tokens).
             cancel: when set, stop between decode chunks and raise Preempted.
             slot: the prompt-cache slot, as in generate().
+            reuse_cache: start from the cached prefix. False computes every position
+                afresh, so the same weights give bit-identical numbers whatever ran before
+                (an engine's float results can depend on how a prompt was split in batches).
         Returns: ScoreResult with n = len(target_ids) rows.
         Raises:
             ContextLengthExceeded: prompt + targets do not fit the context.

@@ -115,7 +115,7 @@ class Engine(base.Engine):
             yield base.SampledToken(tok, _piece(tok), float(lp[tok]))
 
     def score(self, prompt_ids, target_ids, *, top_k=0, adapter=None, at_ids=None,
-              cancel=None, slot=0) -> base.ScoreResult:
+              cancel=None, slot=0, reuse_cache=True) -> base.ScoreResult:  # no cache: always fresh
         if not prompt_ids or not target_ids:
             raise ValueError("score needs a non-empty prompt and target")
         if cancel is not None and cancel.is_set():

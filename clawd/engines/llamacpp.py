@@ -437,6 +437,7 @@ class Engine(base.Engine):
         at_ids: np.ndarray | None = None,
         cancel: threading.Event | None = None,
         slot: int = 0,
+        reuse_cache: bool = True,
     ) -> base.ScoreResult:
         prompt_ids, target_ids = list(prompt_ids), list(target_ids)
         self._use_slot(slot, cancel)
@@ -452,7 +453,7 @@ class Engine(base.Engine):
         top_lps = np.empty((n, top_k), np.float32)
         at = base.check_at_ids(at_ids, n)
         at_lps = np.empty(at.shape, np.float32)
-        keep = self._reuse_prefix(seq, first)
+        keep = self._reuse_prefix(seq, first if reuse_cache else 0)
         pos = keep
         while pos < len(seq) - 1:  # the last token's logits predict nothing we need
             if cancel is not None and cancel.is_set():

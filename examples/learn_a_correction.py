@@ -1,0 +1,184 @@
+"""Demo: teach the embedded Gemma 3 270M one correction, watch it learn it, then undo it.
+
+    .venv/bin/python examples/learn_a_correction.py [--home DIR] [--json]
+
+What happens, all on this machine, through clawd's HTTP API:
+1. `clawd serve` starts on a private CLAWD_HOME (a temp dir unless --home), with the rules
+   judge (fast and deterministic: the user's own correction sentence becomes the hint).
+2. For eight countries we ask "What is the capital of X?", and answer the model's reply with
+   a correction: "No, just the name please: <city>." A few replies also get a thumbs-down.
+3. The miner turns each (reply, correction) pair into a signal: reward −1 and the hint.
+4. Before training we measure, on held-out countries never used in training, the log-prob
+   margin  log p(" <city>.") − log p(" The capital of <country> is <city>.")  — how much the
+   served model prefers the short answer the user asked for.
+5. `POST /clawd/training` runs the trainer (progress shown); its adapter must pass the eval
+   gate and the live check to become active. The margin is measured again, and the greedy
+   answer to a held-out question is shown before and after.
+6. Rollback: the margin returns to exactly its value before training.
+The last line with --json is every number, for tests (tests/test_learning_demo.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+TRAIN = [("France", "Paris"), ("Germany", "Berlin"), ("Italy", "Rome"), ("Egypt", "Cairo"),
+         ("Canada", "Ottawa"), ("Russia", "Moscow"), ("Greece", "Athens"), ("Kenya", "Nairobi")]
+HELD_OUT = [("Spain", "Madrid"), ("Japan", "Tokyo"), ("Peru", "Lima")]
+# A demo should show an effect within one short run: a few small steps at a higher learning
+# rate than the default (which is tuned for a stream of many signals). Everything else is default.
+DEMO_SETTINGS = {"CLAWD_TRAINING_AUTO": "0", "CLAWD_TRAINING_LEARNING_RATE": "1e-4",
+                 "CLAWD_TRAINING_BATCH_SIZE": "4", "CLAWD_MINING_JUDGE": "rules",
+                 "CLAWD_MINING_HINT_JUDGE": "rules", "CLAWD_MINING_QUIET_S": "0"}
+
+
+def say(quiet: bool, *parts) -> None:
+    if not quiet:
+        print(*parts, flush=True)
+
+
+def start_daemon(home: Path) -> tuple[subprocess.Popen, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CLAWD_")}
+    env.update(CLAWD_HOME=str(home), **DEMO_SETTINGS)
+    proc = subprocess.Popen([sys.executable, "-m", "clawd.cli", "serve", "--port", "0"], env=env, cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    for line in proc.stdout:
+        if "clawd: serving" in line:
+            url = line.split(" at ")[1].split("/v1")[0]
+            return proc, url
+    raise SystemExit("clawd serve did not start:\n" + (proc.stdout.read() if proc.stdout else ""))
+
+
+def ask(c: httpx.Client, messages: list[dict], **kw) -> dict:
+    r = c.post("/v1/chat/completions", json={"model": model_id(c), "messages": messages, "max_tokens": 24, **kw})
+    r.raise_for_status()
+    return r.json()
+
+
+_MODEL: dict = {}
+
+
+def model_id(c: httpx.Client) -> str:
+    if "id" not in _MODEL:
+        _MODEL["id"] = c.get("/v1/models").json()["data"][0]["id"]
+    return _MODEL["id"]
+
+
+def question(country: str) -> list[dict]:
+    return [{"role": "user", "content": f"What is the capital of {country}?"}]
+
+
+def margin(c: httpx.Client, adapter: str = "active") -> float:
+    """Mean over held-out countries of log p(short answer) − log p(long answer)."""
+    out = []
+    for country, city in HELD_OUT:
+        def total(text: str) -> float:
+            r = c.post("/clawd/score", json={"messages": question(country), "completion": text, "adapter": adapter})
+            r.raise_for_status()
+            return r.json()["total"]
+        out.append(total(f" {city}.") - total(f" The capital of {country} is {city}."))
+    return sum(out) / len(out)
+
+
+def teach(c: httpx.Client, quiet: bool) -> None:
+    for i, (country, city) in enumerate(TRAIN):
+        first = ask(c, question(country), temperature=0.7, seed=i)
+        reply = first["choices"][0]["message"]["content"]
+        correction = f"No, just the name please: {city}."
+        say(quiet, f"  Q: capital of {country}?  A: {reply.strip()[:60]!r}  user: {correction!r}")
+        ask(c, question(country) + [{"role": "assistant", "content": reply}, {"role": "user", "content": correction}],
+            temperature=0.7, seed=100 + i)
+        if i % 3 == 0:
+            c.post("/clawd/feedback", json={"turn_id": first["id"], "rating": -1}).raise_for_status()
+
+
+def wait_signals(c: httpx.Client, n: int, timeout: float = 600) -> dict:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        counts = c.get("/clawd/status").json()["signals"]
+        if counts.get("ready", 0) >= n and counts.get("pending", 0) == 0:
+            return counts
+        time.sleep(1)
+    raise SystemExit(f"signals not ready in time: {counts}")
+
+
+def train(c: httpx.Client, quiet: bool, timeout: float = 1800) -> dict:
+    job = c.post("/clawd/training").raise_for_status().json()["job_id"]
+    say(quiet, f"  training job {job} ...")
+    last = None
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        st = c.get("/clawd/training").json()
+        line = f"    {st['phase']}: step {st['step']}/{st['total']}, prepared {st['prepared']}/{st['samples']}"
+        if st["metrics"]:
+            line += f", loss {st['metrics'].get('loss', 0):+.4f}"
+        if line != last:
+            say(quiet, line)
+            last = line
+        if st["state"] in ("idle", "error"):
+            return st
+        time.sleep(1)
+    raise SystemExit("training did not finish in time")
+
+
+def greedy(c: httpx.Client, country: str) -> str:
+    return ask(c, question(country), temperature=0)["choices"][0]["message"]["content"].strip()
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--home", type=Path, help="CLAWD_HOME to use (default: a fresh temp dir)")
+    p.add_argument("--json", action="store_true", help="print every number as one JSON line at the end")
+    a = p.parse_args()
+    home = a.home or Path(tempfile.mkdtemp(prefix="clawd-demo-"))
+    quiet = a.json
+    say(quiet, f"clawd home: {home}")
+    proc, url = start_daemon(home)
+    result: dict = {"home": str(home)}
+    try:
+        with httpx.Client(base_url=url, timeout=600) as c:  # loopback needs no token by default
+            say(quiet, f"1. teaching {len(TRAIN)} corrections")
+            teach(c, quiet)
+            result["signals"] = wait_signals(c, len(TRAIN))
+            say(quiet, f"2. mined: {result['signals']}")
+            held = HELD_OUT[0][0]
+            result["margin_before"] = margin(c)
+            result["answer_before"] = greedy(c, held)
+            say(quiet, f"3. before: margin {result['margin_before']:+.3f} nats; {held}? -> {result['answer_before']!r}")
+            st = train(c, quiet)
+            result["training"] = st["result"]
+            if not (st["result"] or {}).get("promoted"):
+                say(quiet, f"   not promoted: {st['result']}")
+                return 1
+            gate = st["result"]["gate"]
+            say(quiet, f"4. adapter {st['result']['adapter_id']} passed the gate (gain {gate['gain']:+.4f} on "
+                       f"{gate['n']} {gate['judged_on']} signals, KL to base {gate['kl_to_base']:.4f}) and is live")
+            result["margin_after"] = margin(c)
+            result["answer_after"] = greedy(c, held)
+            say(quiet, f"   after:  margin {result['margin_after']:+.3f} nats; {held}? -> {result['answer_after']!r}")
+            c.post("/clawd/adapters/rollback").raise_for_status()
+            result["margin_rollback"] = margin(c)
+            result["answer_rollback"] = greedy(c, held)
+            result["adapter"] = c.get(f"/clawd/adapters/{st['result']['adapter_id']}").json()  # kept, retired
+            say(quiet, f"5. rolled back: margin {result['margin_rollback']:+.3f} nats "
+                       f"({'identical to before' if result['margin_rollback'] == result['margin_before'] else 'DIFFERENT'})")
+    finally:
+        proc.terminate()
+        proc.wait(60)
+    if a.json:
+        print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
