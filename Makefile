@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: serve test test-fast demo bench-serve bench-train
+.PHONY: serve chat test test-fast demo bench-serve bench-train bench-tui
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -14,6 +14,9 @@ $(STAMP): pyproject.toml
 
 serve: $(STAMP)  ## run the daemon on the embedded Gemma 3 270M model
 	$(VENV)/bin/clawd serve
+
+chat: $(STAMP)  ## open the TUI (offers to start the daemon if it is not running)
+	$(VENV)/bin/clawd chat
 
 test: $(STAMP)  ## every test, the real-model (slow) ones included, as CI runs them
 	$(PY) -m pytest -m "slow or not slow"
@@ -26,6 +29,9 @@ demo: $(STAMP)  ## teach the embedded model one correction, show the change, rol
 
 bench-serve: $(STAMP)  ## serving speed through the daemon vs raw llama-cpp-python
 	$(PY) benchmarks/serve.py
+
+bench-tui: $(STAMP)  ## TUI start-up to the first screen vs a bare Textual app (goal < 1 s)
+	$(PY) benchmarks/tui_startup.py
 
 bench-train: $(STAMP)  ## training step: clawd's hybrid step vs an mlx_lm SFT step, BLAS, memory (~6 min)
 	$(PY) benchmarks/train.py

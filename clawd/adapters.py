@@ -118,11 +118,7 @@ class Registry:
         was active stays on disk, retired, as the new one's rollback target."""
         current = await rows.active(self.db)
         if adapter_id is not None:
-            rec = await self.get(adapter_id)
-            if rec.forgotten:
-                raise AdapterError(f"adapter {adapter_id} was trained on a forgotten session and cannot be activated")
-            if rec.model != self.chat.model_id:
-                raise AdapterError(f"adapter {adapter_id} is for model {rec.model}, but {self.chat.model_id} is served")
+            await self._usable(adapter_id)
         if (current.id if current else None) == adapter_id:
             return current
         await self._activate(adapter_id, previous_id=current.id if current else None,
@@ -154,15 +150,35 @@ class Registry:
         await rows.activate(self.db, adapter_id, previous_id=previous_id, note=note)
         self.active_id = adapter_id
 
-    async def _swap_in(self, rec: rows.AdapterRecord) -> dict:
-        """Load the adapter into the engine (if not yet) and prove it is live."""
+    async def ensure_loaded(self, adapter_id: str) -> rows.AdapterRecord:
+        """Load an adapter into the engine without activating it (to compare answers)."""
+        rec = await self._usable(adapter_id)
+        await self._load(rec)
+        return rec
+
+    async def _usable(self, adapter_id: str) -> rows.AdapterRecord:
+        """The adapter's record, if it still has weights and fits the served model."""
+        rec = await self.get(adapter_id)
+        if rec.forgotten:
+            raise AdapterError(f"adapter {adapter_id} was trained on a forgotten session; its weights are deleted")
+        if rec.model != self.chat.model_id:
+            raise AdapterError(f"adapter {adapter_id} is for model {rec.model}, but {self.chat.model_id} is served")
+        return rec
+
+    async def _load(self, rec: rows.AdapterRecord) -> None:
+        """Check the adapter's files against the served model and load them (if not yet)."""
         path = Path(rec.path)
         problems = check_files(path, self.base_model)
         if problems:
             raise AdapterError(f"adapter {rec.id} refused: " + "; ".join(problems))
-        runner = self.chat.runner
         if rec.id not in self.engine.loaded_adapters:
-            await runner.call(self.engine.load_adapter, rec.id, path / "adapter.gguf")
+            await self.chat.runner.call(self.engine.load_adapter, rec.id, path / "adapter.gguf")
+
+    async def _swap_in(self, rec: rows.AdapterRecord) -> dict:
+        """Load the adapter into the engine (if not yet) and prove it is live."""
+        await self._load(rec)
+        runner = self.chat.runner
+        path = Path(rec.path)
         probe = json.loads((path / "meta.json").read_text())["probe"]
         p, t = probe["prompt_ids"], probe["response_ids"]
         with_adapter = await runner.call(self.engine.score, p, t, adapter=rec.id)

@@ -23,9 +23,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from clawd import __version__
 from clawd.chat import ChatService, TurnStream
 from clawd.errors import AuthError, ClawdError, InvalidRequest, NotFound
-from clawd.protocol import (ChatCompletionRequest, ModelCard, ModelList, SessionSummary, Status,
-                            TurnSummary)
-from clawd import feedback
+from clawd.protocol import (ChatCompletionRequest, ModelCard, ModelList, ScoreRequest, SessionSummary,
+                            Status, TurnSummary)
+from clawd import feedback, review
 from clawd.miner import forget_session
 from clawd.store import adapters as adapter_rows
 from clawd.store import signals, turns
@@ -286,6 +286,22 @@ def create_app(state: ApiState) -> FastAPI:
         rec = await _registry().rollback()
         return {"active": rec.id if rec else None}
 
+    @app.get("/clawd/adapters/{adapter_id}/signals", dependencies=auth)
+    async def adapter_signals(adapter_id: str):
+        """What the adapter learned from: its training and held-out signals with their prompts."""
+        rec = await adapter_rows.get(state.db, adapter_id)
+        if rec is None:
+            raise NotFound(f"no adapter {adapter_id!r}: see `clawd adapters list`")
+        return {"adapter_id": adapter_id, "signals": await review.learned_from(state.db, rec)}
+
+    @app.post("/clawd/adapters/{adapter_id}/compare", dependencies=auth)
+    async def compare_adapter(adapter_id: str, n: int = 3, max_tokens: int = 96):
+        """Answers of base / previous / this adapter to `n` of its training prompts, generated now
+        in the background (user requests come first; nothing is logged as a turn)."""
+        if not 1 <= n <= 10 or not 1 <= max_tokens <= 1024:
+            raise InvalidRequest("n must be 1-10 and max_tokens 1-1024", param="n" if not 1 <= n <= 10 else "max_tokens")
+        return await review.side_by_side(state.db, state.chat, _registry(), adapter_id, n=n, max_tokens=max_tokens)
+
     @app.post("/clawd/adapters/{adapter_id}/export", dependencies=auth)
     async def export_adapter(adapter_id: str, request: Request):
         """{"format": "mlx"|"gguf"|"peft", "path": "..."}: written on this machine."""
@@ -298,6 +314,19 @@ def create_app(state: ApiState) -> FastAPI:
         out = await _registry().export(adapter_id, str(body.get("format", "gguf")), body["path"])
         return {"adapter_id": adapter_id, "path": str(out)}
 
+    @app.post("/clawd/score", dependencies=auth)
+    async def score(req: ScoreRequest):
+        """Log-probs of a given reply: compare adapters (or an adapter and the base model)."""
+        if req.adapter == "active":
+            adapter = state.chat.active_adapter()
+        elif req.adapter == "base":
+            adapter = None
+        else:
+            adapter = (await _registry().get(req.adapter)).id
+            if adapter not in state.chat.runner.engine.loaded_adapters:
+                raise InvalidRequest(f"adapter {adapter} is not loaded: activate it first", param="adapter")
+        return await state.chat.score(req.messages, req.completion, adapter)
+
     @app.get("/clawd/training", dependencies=auth)
     async def training_status():
         sched = _scheduler()
@@ -305,6 +334,18 @@ def create_app(state: ApiState) -> FastAPI:
         if not sched.running:
             st["reason"] = (await sched.should_train())[1]
         return st
+
+    @app.get("/clawd/training/history", dependencies=auth)
+    async def training_history():
+        """Per-step metrics for curves: the current or last run of this daemon (`live`), else
+        the newest adapter's recorded training curve (`adapter`)."""
+        sched = _scheduler()
+        if sched.history:
+            return {"job_id": sched.status.job_id, "source": "live", "steps": sched.history}
+        for rec in await adapter_rows.list_all(state.db):
+            if rec.metrics.get("history"):
+                return {"job_id": rec.id, "source": "adapter", "steps": rec.metrics["history"]}
+        return {"job_id": None, "source": None, "steps": []}
 
     @app.post("/clawd/training", dependencies=auth)
     async def start_training(if_ready: bool = False):

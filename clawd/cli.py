@@ -71,6 +71,28 @@ def _client(settings: Settings, paths: Paths):
     return httpx.Client(base_url=base, headers=headers, timeout=5.0)
 
 
+def cmd_chat(args) -> int:
+    """The TUI, on the configured daemon; it offers to start the daemon when none answers."""
+    import subprocess
+
+    from tui.app import ClawdApp  # the one place clawd reaches for the TUI: at this edge, lazily
+    from tui.client import DaemonClient
+
+    settings, paths = _setup(args)
+    http = _client(settings, paths)
+    base_url, token = str(http.base_url), http.headers.get("Authorization", "").removeprefix("Bearer ") or None
+    http.close()
+
+    def start_daemon() -> None:
+        paths.log_dir.mkdir(parents=True, exist_ok=True)
+        with open(paths.log_dir / "daemon.log", "ab") as log_file:
+            subprocess.Popen([sys.executable, "-m", "clawd.cli", "serve"], stdin=subprocess.DEVNULL,
+                             stdout=log_file, stderr=log_file, start_new_session=True)  # outlives the TUI
+
+    ClawdApp(DaemonClient(base_url, token=token), start_daemon=start_daemon).run()
+    return 0
+
+
 def cmd_status(args) -> int:
     import httpx
 
@@ -418,6 +440,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--model", help="GGUF file to serve (default: the embedded Gemma 3 270M)")
     s.add_argument("--engine", choices=["llamacpp", "fake"], help="inference engine")
     s.set_defaults(func=cmd_serve)
+
+    s = sub.add_parser("chat", help="open the TUI: chat, review what was learned, adapters (starts the daemon)")
+    s.set_defaults(func=cmd_chat)
 
     s = sub.add_parser("status", help="what the running daemon is doing")
     s.add_argument("--json", action="store_true", help="machine-readable output")

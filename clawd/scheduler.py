@@ -84,6 +84,7 @@ class Scheduler:
         self.resume_quiet_s = resume_quiet_s
         self.jobs_dir = paths.state_dir / "jobs"
         self.status = TrainingStatus()
+        self.history: list[dict] = []  # the current (or last) run's step metrics, for curves
         self._proc: asyncio.subprocess.Process | None = None
         self._paused = False
         self._resume: asyncio.Task | None = None
@@ -143,6 +144,7 @@ class Scheduler:
         job_dir = self._resumable() or await self._new_job()
         self.status = TrainingStatus(state="running", job_id=job_dir.name, phase="start", started_at=time.time(),
                                      reason="running")
+        self.history = []
         self._run = asyncio.create_task(self._execute(job_dir), name=f"train-{job_dir.name}")
         return job_dir.name
 
@@ -253,6 +255,7 @@ class Scheduler:
         elif kind == "step":
             st.step, st.total = event.get("step", 0), event.get("total", 0)
             st.metrics = {k: v for k, v in event.items() if k not in ("event", "time")}
+            self.history.append(st.metrics)
         return event
 
     # --- serving first ----------------------------------------------------------------

@@ -1,1 +1,1 @@
-"""clawd's Textual TUI (a pure HTTP client of the daemon); see issue 5."""
+"""clawd's Textual TUI (`clawd chat`): a pure HTTP client of the daemon; see tui/app.py."""

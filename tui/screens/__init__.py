@@ -1,0 +1,1 @@
+"""One screen per view of the daemon (chat, learning, training, adapters) and the modals."""

@@ -1,0 +1,1 @@
+"""Reusable widgets: they show data and post messages up; screens decide what happens."""
