@@ -10,6 +10,7 @@ active, and start-up (`restore`) loads and re-verifies whichever the row names.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import shutil
@@ -18,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from clawd.chat import ChatService
-from clawd.errors import AdapterError, NotFound
+from clawd.errors import AdapterError, ClawdError, NotFound
 from clawd.store import adapters as rows
 from clawd.store import signals
 from clawd.store.db import Database
@@ -61,6 +62,9 @@ class Registry:
         self.dir = adapters_dir
         self.base_model = base_model
         self.active_id: str | None = None  # what new requests wear; read by ChatService
+        # Activate, rollback and retire read then write the active row: one at a time, or a
+        # promotion racing a user's rollback could record the wrong rollback target.
+        self._switching = asyncio.Lock()
         chat.active_adapter = lambda: self.active_id
 
     @property
@@ -74,32 +78,55 @@ class Registry:
         for tmp in self.dir.glob(".tmp-*"):
             shutil.rmtree(tmp, ignore_errors=True)
         known = {r.id for r in await rows.list_all(self.db)}
+        stranded = []
         for d in sorted(p for p in self.dir.iterdir() if p.is_dir() and not p.name.startswith(".")):
             if d.name not in known and (d / "meta.json").is_file():
                 try:
-                    await self.register(d)
+                    stranded.append(await self.register(d))
                 except AdapterError as e:
                     log.warning("adapter %s not registered: %s", d.name, e)
         rec = await rows.active(self.db)
-        if rec is None:
-            return
-        try:
-            await self._swap_in(rec)
-            self.active_id = rec.id
-        except AdapterError as e:
-            log.error("active adapter %s failed its check at start-up (%s); rolling back", rec.id, e)
-            await rows.set_status(self.db, rec.id, "rejected", f"failed the live check at start-up: {e}")
-            await self._activate(rec.previous_id, previous_id=None, note=None)
+        if rec is not None and rec.model != self.chat.model_id:
+            log.warning("adapter %s is for %s, but %s is served: serving the base model", rec.id, rec.model,
+                        self.chat.model_id)
+            await rows.activate(self.db, None, previous_id=None, note=f"the served model is now {self.chat.model_id}")
+            rec = None
+        # Put the active adapter back on, verified; one that fails falls back down its rollback chain.
+        while rec is not None:
+            try:
+                await self._swap_in(rec)
+                self.active_id = rec.id
+                break
+            except AdapterError as e:
+                log.error("active adapter %s failed its check at start-up (%s); rolling back", rec.id, e)
+                await rows.set_status(self.db, rec.id, "rejected", f"failed the live check at start-up: {e}")
+                prev = await rows.get(self.db, rec.previous_id) if rec.previous_id else None
+                if prev is not None and (prev.forgotten or prev.model != self.chat.model_id):
+                    prev = None
+                await rows.activate(self.db, prev.id if prev else None,
+                                    previous_id=prev.previous_id if prev else None, note=None)
+                rec = prev
+        # The daemon died between the trainer finishing and the promotion: finish the promotion.
+        for cand in stranded:
+            if cand.status == "candidate" and cand.parent_id == self.active_id:
+                try:
+                    await self.activate(cand.id)
+                except AdapterError as e:
+                    log.warning("adapter %s was not promoted at start-up: %s", cand.id, e)
 
     async def register(self, path: Path) -> rows.AdapterRecord:
         """Record a finished trainer output as candidate (or rejected, if its gate failed)."""
         problems = check_files(path, self.base_model)
         if problems:
             raise AdapterError(f"adapter {path.name} refused: " + "; ".join(problems))
-        meta = json.loads((path / "meta.json").read_text())
+        try:
+            meta = json.loads((path / "meta.json").read_text())
+            adapter_id, model = meta["id"], meta["model"]
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise AdapterError(f"adapter {path.name} refused: unreadable meta.json ({e!r})") from e
         gate = meta.get("gate", {})
         rec = rows.AdapterRecord(
-            id=meta["id"], path=str(path), model=meta["model"], parent_id=meta.get("parent_id"),
+            id=adapter_id, path=str(path), model=model, parent_id=meta.get("parent_id"),
             signals=meta.get("signals", []), holdout=meta.get("holdout", []), metrics=meta.get("metrics", {}),
             gate=gate, status="candidate" if gate.get("passed") else "rejected",
             note=None if gate.get("passed") else "failed the eval gate", created_at=meta.get("created_at", 0.0))
@@ -116,27 +143,29 @@ class Registry:
     async def activate(self, adapter_id: str | None) -> rows.AdapterRecord | None:
         """Hot-swap `adapter_id` in (None = the base model), verified live; the adapter that
         was active stays on disk, retired, as the new one's rollback target."""
-        current = await rows.active(self.db)
-        if adapter_id is not None:
-            await self._usable(adapter_id)
-        if (current.id if current else None) == adapter_id:
-            return current
-        await self._activate(adapter_id, previous_id=current.id if current else None,
-                             note=f"replaced by {adapter_id or 'the base model'}")
-        return await rows.get(self.db, adapter_id) if adapter_id else None
+        async with self._switching:
+            current = await rows.active(self.db)
+            if adapter_id is not None:
+                await self._usable(adapter_id)
+            if (current.id if current else None) == adapter_id:
+                return current
+            await self._activate(adapter_id, previous_id=current.id if current else None,
+                                 note=f"replaced by {adapter_id or 'the base model'}")
+            return await rows.get(self.db, adapter_id) if adapter_id else None
 
     async def rollback(self) -> rows.AdapterRecord | None:
         """Back to what was active before the current adapter (instant: it is kept loaded)."""
-        current = await rows.active(self.db)
-        if current is None:
-            raise AdapterError("no adapter is active: the base model is already served")
-        target = current.previous_id
-        prev = await rows.get(self.db, target) if target else None
-        if prev is not None and prev.forgotten:
-            target, prev = None, None
-        await self._activate(target, previous_id=prev.previous_id if prev else None,
-                             note=f"rolled back to {target or 'the base model'}")
-        return prev
+        async with self._switching:
+            current = await rows.active(self.db)
+            if current is None:
+                raise AdapterError("no adapter is active: the base model is already served")
+            target = current.previous_id
+            prev = await rows.get(self.db, target) if target else None
+            if prev is not None and prev.forgotten:
+                target, prev = None, None
+            await self._activate(target, previous_id=prev.previous_id if prev else None,
+                                 note=f"rolled back to {target or 'the base model'}")
+            return prev
 
     async def _activate(self, adapter_id: str | None, *, previous_id: str | None, note: str | None) -> None:
         if adapter_id is not None:
@@ -179,10 +208,14 @@ class Registry:
         await self._load(rec)
         runner = self.chat.runner
         path = Path(rec.path)
-        probe = json.loads((path / "meta.json").read_text())["probe"]
-        p, t = probe["prompt_ids"], probe["response_ids"]
-        with_adapter = await runner.call(self.engine.score, p, t, adapter=rec.id)
-        base = await runner.call(self.engine.score, p, t, adapter=None)
+        try:
+            probe = json.loads((path / "meta.json").read_text())["probe"]
+            p, t = probe["prompt_ids"], probe["response_ids"]
+            with_adapter = await runner.call(self.engine.score, p, t, adapter=rec.id)
+            base = await runner.call(self.engine.score, p, t, adapter=None)
+        except (OSError, ValueError, KeyError, TypeError, ClawdError) as e:
+            await runner.call(self.engine.unload_adapter, rec.id)
+            raise AdapterError(f"adapter {rec.id} cannot be checked live: its probe is unusable ({e})") from e
         ok, check = live_check(probe, with_adapter.logprobs - base.logprobs)
         if not ok:
             await runner.call(self.engine.unload_adapter, rec.id)
@@ -194,29 +227,30 @@ class Registry:
         """Retire, for good, every adapter trained on a forgotten turn and every adapter
         continued from one; delete their weights. The active one falls back to the nearest
         clean ancestor (or the base model)."""
-        gone = await signals.forgotten_turns(self.db)
-        all_rows = await rows.list_all(self.db)
-        tainted = {r.id for r in all_rows if not r.forgotten and gone.intersection(r.signals)}
-        changed = True
-        while changed:  # descendants carry the parent's weights
-            new = {r.id for r in all_rows if r.parent_id in tainted and r.id not in tainted and not r.forgotten}
-            changed = bool(new)
-            tainted |= new
-        if not tainted:
-            return []
-        current = await rows.active(self.db)
-        if current is not None and current.id in tainted:
-            by_id = {r.id: r for r in all_rows}
-            target = current.parent_id
-            while target is not None and target in tainted:
-                target = by_id[target].parent_id if target in by_id else None
-            await self._activate(target, previous_id=None, note="trained on a forgotten session")
-        await rows.mark_forgotten(self.db, sorted(tainted), "trained on a forgotten session; weights deleted")
-        for a in tainted:
-            if a in self.engine.loaded_adapters:
-                await self.chat.runner.call(self.engine.unload_adapter, a)
-            shutil.rmtree(self.dir / a, ignore_errors=True)
-        return sorted(tainted)
+        async with self._switching:
+            gone = await signals.forgotten_turns(self.db)
+            all_rows = await rows.list_all(self.db)
+            tainted = {r.id for r in all_rows if not r.forgotten and gone.intersection(r.signals)}
+            changed = True
+            while changed:  # descendants carry the parent's weights
+                new = {r.id for r in all_rows if r.parent_id in tainted and r.id not in tainted and not r.forgotten}
+                changed = bool(new)
+                tainted |= new
+            if not tainted:
+                return []
+            current = await rows.active(self.db)
+            if current is not None and current.id in tainted:
+                by_id = {r.id: r for r in all_rows}
+                target = current.parent_id
+                while target is not None and target in tainted:
+                    target = by_id[target].parent_id if target in by_id else None
+                await self._activate(target, previous_id=None, note="trained on a forgotten session")
+            await rows.mark_forgotten(self.db, sorted(tainted), "trained on a forgotten session; weights deleted")
+            for a in tainted:
+                if a in self.engine.loaded_adapters:
+                    await self.chat.runner.call(self.engine.unload_adapter, a)
+                shutil.rmtree(self.dir / a, ignore_errors=True)
+            return sorted(tainted)
 
     async def export(self, adapter_id: str, fmt: str, out: Path) -> Path:
         """Copy an adapter out as mlx (mlx-lm dir), gguf (one file) or peft (dir)."""

@@ -22,7 +22,7 @@ import signal
 import sys
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from pathlib import Path
 
@@ -32,6 +32,7 @@ from clawd.config import TrainingSettings
 from clawd.errors import AdapterError, Busy, ClawdError, InvalidRequest
 from clawd.paths import Paths
 from clawd.store import adapters as adapter_rows
+from clawd.store import signals
 from clawd.store.db import Database
 from clawd.training import data
 
@@ -87,6 +88,11 @@ class Scheduler:
         self.history: list[dict] = []  # the current (or last) run's step metrics, for curves
         self._proc: asyncio.subprocess.Process | None = None
         self._paused = False
+        self._stopping = False  # we asked the trainer to stop: its job stays resumable
+        self._starting = asyncio.Lock()  # one run at a time, even when the loop and the API race
+        # After a run that was refused or failed, the same signals would give the same run:
+        # automatic training waits until this many untrained signals are ready.
+        self._retry_at = 0
         self._resume: asyncio.Task | None = None
         self._run: asyncio.Task | None = None
         self._loop_task: asyncio.Task | None = None
@@ -108,6 +114,9 @@ class Scheduler:
             except ClawdError as e:
                 self.status.reason = str(e)
                 log.warning("scheduler: %s", e)
+            except Exception as e:  # never let one bad poll end automatic training for good
+                self.status.reason = f"scheduler error: {e}"
+                log.exception("scheduler poll failed")
 
     def idle_seconds(self) -> float:
         runner = self.chat.runner
@@ -124,6 +133,9 @@ class Scheduler:
         n = await data.untrained_count(self.db, s.holdout)
         if n < s.min_signals:
             return False, f"{n} of {s.min_signals} untrained signals ready"
+        if n < self._retry_at:
+            return False, (f"the last run on these signals was refused or failed; waiting for "
+                           f"{self._retry_at - n} more (or `clawd train --now`)")
         if in_window(s.window, now or datetime.now()):
             return True, f"{n} signals ready, inside the overnight window {s.window}"
         idle = self.idle_seconds()
@@ -139,27 +151,42 @@ class Scheduler:
 
     async def run_now(self) -> str:
         """Start a run now (resuming a stopped job if there is one); returns its job id."""
-        if self.running:
-            raise Busy(f"training job {self.status.job_id} is already running")
-        job_dir = self._resumable() or await self._new_job()
-        self.status = TrainingStatus(state="running", job_id=job_dir.name, phase="start", started_at=time.time(),
-                                     reason="running")
-        self.history = []
-        self._run = asyncio.create_task(self._execute(job_dir), name=f"train-{job_dir.name}")
-        return job_dir.name
+        async with self._starting:
+            if self.running:
+                raise Busy(f"training job {self.status.job_id} is already running")
+            job_dir = await self._resumable() or await self._new_job()
+            self.status = TrainingStatus(state="running", job_id=job_dir.name, phase="start", started_at=time.time(),
+                                         reason="running")
+            self.history = []
+            self._stopping = False
+            self._run = asyncio.create_task(self._execute(job_dir), name=f"train-{job_dir.name}")
+            return job_dir.name
 
     async def wait(self) -> dict | None:
         if self._run is not None:
             await asyncio.shield(self._run)
         return self.status.result
 
-    def _resumable(self) -> Path | None:
+    async def _resumable(self) -> Path | None:
+        """A stopped job that still fits the world: same served model, same parent (the active
+        adapter), same training settings, and none of its turns forgotten or vetoed since.
+        Anything else is deleted and rebuilt from fresh signals."""
         if not self.jobs_dir.is_dir():
             return None
+        active = await adapter_rows.active(self.db)
+        gone = await signals.forgotten_turns(self.db) | await signals.vetoed_turns(self.db)
         for d in sorted(self.jobs_dir.iterdir()):
             if (d / "job.json").is_file() and not (self.paths.adapters_dir / d.name).exists():
-                return d
-            shutil.rmtree(d, ignore_errors=True)  # finished (adapter exists) or never written
+                try:
+                    job = data.read_job(d / "job.json")
+                except (ValueError, TypeError, KeyError, OSError) as e:
+                    log.warning("dropping unreadable training job %s: %s", d.name, e)
+                else:
+                    turns = {s.turn_id for s in job.train + job.holdout}
+                    if (job.model == self.chat.model_id and job.parent_id == (active.id if active else None)
+                            and job.config == asdict(self.settings) and not turns & gone):
+                        return d
+            shutil.rmtree(d, ignore_errors=True)  # finished, never written, or stale
         return None
 
     async def _new_job(self) -> Path:
@@ -181,8 +208,8 @@ class Scheduler:
         with open(self.paths.log_dir / "trainer.log", "ab") as log_file:
             self._proc = await asyncio.create_subprocess_exec(
                 self.python, "-m", "clawd.training.run", str(job_dir), "--cache", str(self.paths.cache_dir),
-                "--out", str(self.paths.adapters_dir), stdout=asyncio.subprocess.PIPE, stderr=log_file,
-                preexec_fn=self._low_priority)
+                "--out", str(self.paths.adapters_dir), stdout=asyncio.subprocess.PIPE, stderr=log_file)
+            self._low_priority(self._proc.pid)
             done, error = None, None
             try:
                 async for line in self._proc.stdout:
@@ -197,7 +224,7 @@ class Scheduler:
                     await self._terminate()
                 self._proc = None
                 self._paused = False
-        if code == STOPPED:
+        if code == STOPPED or (code != 0 and self._stopping):  # we stopped it: keep the job to resume
             st.state, st.phase = "idle", "stopped"
             st.result = {"job_id": job_dir.name, "stopped_at": st.step, "resumable": True}
             return
@@ -206,11 +233,23 @@ class Scheduler:
             st.result = {"job_id": job_dir.name, "error": error or f"trainer exited with code {code} "
                          f"(see {self.paths.log_dir / 'trainer.log'})"}
             shutil.rmtree(job_dir, ignore_errors=True)  # a failed job is rebuilt from fresh signals
+            await self._wait_for_new_signals()
             return
         st.phase = "promote"
-        st.result = await self._promote(Path(done["path"]))
+        try:
+            st.result = await self._promote(Path(done["path"]))
+        except Exception as e:  # a broken adapter must not leave the status "running" forever
+            log.exception("promoting %s failed", job_dir.name)
+            st.result = {"adapter_id": job_dir.name, "error": f"promotion failed: {e}", "promoted": False}
         st.state = "idle" if "error" not in st.result else "error"
         shutil.rmtree(job_dir, ignore_errors=True)
+        if st.result.get("promoted"):
+            self._retry_at = 0
+        else:
+            await self._wait_for_new_signals()
+
+    async def _wait_for_new_signals(self) -> None:
+        self._retry_at = await data.untrained_count(self.db, self.settings.holdout) + self.settings.min_signals
 
     async def _promote(self, path: Path) -> dict:
         try:
@@ -218,6 +257,9 @@ class Scheduler:
         except AdapterError as e:
             return {"adapter_id": path.name, "error": str(e), "promoted": False}
         out = {"adapter_id": rec.id, "gate": rec.gate, "promoted": False}
+        if rec.id in await self.registry.retire_forgotten():  # a session was forgotten mid-run
+            out["note"] = "trained on a session forgotten while it ran; retired and deleted"
+            return out
         if rec.status != "candidate":
             out["note"] = "the eval gate refused it; the active adapter is unchanged"
             return out
@@ -228,15 +270,16 @@ class Scheduler:
             out["error"] = str(e)
         return out
 
-    def _low_priority(self) -> None:
-        # In the child, before exec: lowest CPU priority, and on Linux the idle scheduling
-        # class (runs only when nothing else wants the CPU), as clawd-train.service does.
-        os.nice(self.settings.nice)
-        if hasattr(os, "SCHED_IDLE"):
-            try:
-                os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
-            except OSError:
-                pass  # not permitted in some containers; nice alone still applies
+    def _low_priority(self, pid: int) -> None:
+        # Lowest CPU priority, and on Linux the idle scheduling class (runs only when nothing
+        # else wants the CPU), as clawd-train.service does. Set from here rather than in a
+        # preexec_fn: forking a threaded process (llama.cpp's threads) must run no Python.
+        try:
+            os.setpriority(os.PRIO_PROCESS, pid, self.settings.nice)
+            if hasattr(os, "SCHED_IDLE"):
+                os.sched_setscheduler(pid, os.SCHED_IDLE, os.sched_param(0))
+        except OSError:
+            pass  # gone already, or not permitted in some containers; nice alone still applies
 
     def _event(self, line: bytes) -> dict:
         try:
@@ -262,10 +305,11 @@ class Scheduler:
 
     def _user_arrived(self) -> None:
         proc = self._proc
-        if proc is None or proc.returncode is not None:
-            return
+        if proc is None or proc.returncode is not None or self._stopping:
+            return  # a stopping trainer is left to reach its checkpoint
         if not self._paused:
-            os.kill(proc.pid, signal.SIGSTOP)  # the CPU goes back to the user at once
+            if not _signal(proc, signal.SIGSTOP):  # the CPU goes back to the user at once
+                return
             self._paused = True
             self.status.state = "paused"
         if self._resume is None or self._resume.done():
@@ -275,7 +319,7 @@ class Scheduler:
         await self.chat.runner.wait_quiet(self.resume_quiet_s)
         proc = self._proc
         if proc is not None and proc.returncode is None and self._paused:
-            os.kill(proc.pid, signal.SIGCONT)
+            _signal(proc, signal.SIGCONT)
             self._paused = False
             self.status.state = "running"
 
@@ -288,13 +332,14 @@ class Scheduler:
         proc = self._proc
         if proc is None or proc.returncode is not None:
             return
-        proc.send_signal(signal.SIGCONT)  # a stopped process cannot handle SIGTERM
+        self._stopping = True
+        _signal(proc, signal.SIGCONT)  # a stopped process cannot handle SIGTERM
         self._paused = False
-        proc.send_signal(signal.SIGTERM)
+        _signal(proc, signal.SIGTERM)
         try:
             await asyncio.wait_for(proc.wait(), timeout_s)
         except asyncio.TimeoutError:
-            proc.kill()  # the job dir still has the last checkpoint, or starts over
+            _signal(proc, signal.SIGKILL)  # the job dir keeps its last checkpoint (or starts over)
             await proc.wait()
 
     async def stop(self) -> None:
@@ -304,3 +349,12 @@ class Scheduler:
         if self.running:
             await self._terminate(20.0)  # within the service manager's stop timeout (45 s)
             await asyncio.gather(self._run, return_exceptions=True)
+
+
+def _signal(proc: asyncio.subprocess.Process, sig: int) -> bool:
+    """Signal the trainer; False if it is already gone (exited, not yet reaped)."""
+    try:
+        os.kill(proc.pid, sig)
+        return True
+    except ProcessLookupError:
+        return False

@@ -57,7 +57,9 @@ def _blob(a: np.ndarray | None) -> bytes | None:
     return None if a is None else pack_array(np.ascontiguousarray(a))
 
 
-def _from_row(r) -> Signal:
+def from_row(r) -> Signal:
+    """A `signals` row (sqlite3.Row or any name-indexed mapping) as a Signal; also used by
+    read-only readers outside the daemon (clawd/export.py)."""
     n_k = None
     if r["student_top_ids"] is not None:
         k = r["top_k"]
@@ -94,7 +96,7 @@ async def create_missing(db: Database) -> int:
 
 async def get(db: Database, turn_id: str) -> Signal | None:
     rows = await db.conn.execute_fetchall("SELECT * FROM signals WHERE turn_id = ?", (turn_id,))
-    return _from_row(rows[0]) if rows else None
+    return from_row(rows[0]) if rows else None
 
 
 async def list_signals(db: Database, *, status: str | None = None, session_id: str | None = None,
@@ -108,7 +110,7 @@ async def list_signals(db: Database, *, status: str | None = None, session_id: s
         args.append(session_id)
     sql = "SELECT * FROM signals" + (" WHERE " + " AND ".join(where) if where else "")
     rows = await db.conn.execute_fetchall(sql + " ORDER BY created_at DESC, rowid DESC LIMIT ?", (*args, limit))
-    return [_from_row(r) for r in rows]
+    return [from_row(r) for r in rows]
 
 
 async def due(db: Database, status: str, *, limit: int = 50, now: float | None = None) -> list[str]:
@@ -180,8 +182,16 @@ async def forgotten_turns(db: Database) -> set[str]:
     return {r[0] for r in rows}
 
 
+async def vetoed_turns(db: Database) -> set[str]:
+    rows = await db.conn.execute_fetchall("SELECT turn_id FROM signals WHERE vetoed = 1")
+    return {r[0] for r in rows}
+
+
+# What the trainer may learn from, oldest first; dataset export reads the same rows.
+TRAINABLE_SQL = "SELECT * FROM signals WHERE status = 'ready' AND vetoed = 0 ORDER BY created_at, rowid LIMIT ?"
+
+
 async def trainable(db: Database, *, limit: int = 10_000) -> list[Signal]:
     """What the trainer may learn from: ready, not vetoed (forgotten turns are gone)."""
-    rows = await db.conn.execute_fetchall(
-        "SELECT * FROM signals WHERE status = 'ready' AND vetoed = 0 ORDER BY created_at, rowid LIMIT ?", (limit,))
-    return [_from_row(r) for r in rows]
+    rows = await db.conn.execute_fetchall(TRAINABLE_SQL, (limit,))
+    return [from_row(r) for r in rows]

@@ -1,0 +1,112 @@
+"""What a long-running trainer must survive (tiny real model, real MLX child): two starts at
+once, a stopped job that no longer fits the world, a refused run that must not be retried on
+the same signals, a daemon that died between training and promotion, and broken adapter
+files at start-up. The daemon must start, and serve, whatever the adapters dir holds."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import shutil
+from pathlib import Path
+
+from clawd.errors import Busy
+from clawd.store import adapters as adapter_rows
+from tests.test_training_loop import make_ready_signals, train_daemon, training, wait_for, wait_run  # noqa: F401
+
+
+def test_two_starts_at_once_make_one_run(train_daemon):
+    d = train_daemon
+    make_ready_signals(d, 2)
+    sched = d.state.scheduler
+
+    async def both():
+        return await asyncio.gather(sched.run_now(), sched.run_now(), return_exceptions=True)
+
+    results = d.run(both())
+    assert sum(isinstance(r, str) for r in results) == 1, results
+    assert sum(isinstance(r, Busy) for r in results) == 1, results
+    assert wait_run(d)["result"]["promoted"]
+
+
+def test_a_stopped_job_is_dropped_when_settings_or_the_active_adapter_changed(train_daemon):
+    d = train_daemon
+    sched = d.state.scheduler
+    make_ready_signals(d, 4)
+    first = training(d, "POST")["job_id"]
+    wait_for(d, lambda s: s["phase"] == "train" and s["step"] >= 1)
+    training(d, "POST", "/clawd/training/stop")
+    assert wait_run(d)["result"]["resumable"]
+    # The user changed a training knob meanwhile: the checkpoint belongs to another config.
+    sched.settings = dataclasses.replace(sched.settings, learning_rate=sched.settings.learning_rate / 2)
+    second = training(d, "POST")["job_id"]
+    assert second != first and not (sched.jobs_dir / first).exists()
+    assert wait_run(d)["result"]["promoted"]
+
+
+def test_a_refused_run_waits_for_new_signals(train_daemon):
+    d = train_daemon
+    sched = d.state.scheduler
+    sched.settings = dataclasses.replace(sched.settings, kl_bound=0.0, auto=True, min_signals=2, idle_minutes=0)
+    make_ready_signals(d, 3)
+    training(d, "POST")
+    res = wait_run(d)["result"]
+    assert not res["promoted"] and "refused" in res["note"], res
+    go, why = d.run(sched.should_train())
+    assert not go and "waiting for 2 more" in why, why
+    make_ready_signals(d, 2)
+    go, why = d.run(sched.should_train())
+    assert go, why
+
+
+def test_start_up_finishes_an_interrupted_promotion_and_survives_broken_files(train_daemon):
+    d = train_daemon
+    reg = d.state.registry
+    make_ready_signals(d, 2)
+    training(d, "POST")
+    first = wait_run(d)["result"]["adapter_id"]
+    make_ready_signals(d, 2)
+    training(d, "POST")
+    second = wait_run(d)["result"]["adapter_id"]
+    assert d.state.chat.active_adapter() == second
+
+    # As if the daemon had died after the trainer wrote `second` but before recording it.
+    d.run(reg.rollback())
+    assert d.state.chat.active_adapter() == first
+    d.run(d.state.db.conn.execute("DELETE FROM adapters WHERE id = ?", (second,)))
+    d.run(d.state.db.conn.commit())
+    # Junk beside it: unreadable metadata, and a dir without weights.
+    junk = reg.dir / "ad-junk"
+    shutil.copytree(Path(d.run(adapter_rows.get(d.state.db, first)).path), junk)
+    (junk / "meta.json").write_text("{not json")
+    (reg.dir / "ad-empty").mkdir()
+    (reg.dir / "ad-empty" / "meta.json").write_text(json.dumps({"id": "ad-empty"}))
+
+    d.run(reg.restore())
+    assert d.state.chat.active_adapter() == second  # promoted: it continued from the active one
+    rec = d.run(adapter_rows.get(d.state.db, second))
+    assert rec.status == "active" and rec.previous_id == first and rec.gate["live_check"]["corr"] > 0.5
+    assert d.run(adapter_rows.get(d.state.db, "ad-junk")) is None
+
+    # The active adapter's files break: start-up falls back down the rollback chain.
+    (Path(rec.path) / "adapter.gguf").write_bytes(b"GGUF" + b"\0" * 64)
+    d.state.chat.runner.engine.unload_adapter(second)
+    d.run(reg.restore())
+    assert d.state.chat.active_adapter() == first
+    assert d.run(adapter_rows.get(d.state.db, second)).status == "rejected"
+
+
+def test_a_stop_that_times_out_keeps_the_job(train_daemon):
+    """A trainer that does not reach its checkpoint in time is killed, but its job (and any
+    checkpoint) stays for the next run: a stop is never a reason to lose work."""
+    d = train_daemon
+    sched = d.state.scheduler
+    make_ready_signals(d, 4)
+    first = training(d, "POST")["job_id"]
+    wait_for(d, lambda s: s["phase"] == "train")
+    d.run(sched.stop_run(timeout_s=0.0))  # no time to checkpoint: killed at once
+    res = wait_run(d)["result"]
+    assert res["resumable"] and (sched.jobs_dir / first / "job.json").is_file(), res
+    assert training(d, "POST")["job_id"] == first
+    assert wait_run(d)["result"]["promoted"]
