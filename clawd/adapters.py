@@ -258,18 +258,21 @@ class Registry:
         src = Path(rec.path)
         if rec.forgotten or not src.is_dir():
             raise AdapterError(f"adapter {adapter_id} has no files left to export")
-        out = Path(out).expanduser()
-        if fmt == "gguf":
-            out.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(src / "adapter.gguf", out)
-        elif fmt == "mlx":
-            out.mkdir(parents=True, exist_ok=True)
-            for name in ("adapters.safetensors", "adapter_config.json"):
-                shutil.copyfile(src / name, out / name)
-        elif fmt == "peft":
-            from clawd.training.export import mlx_to_peft
-
-            mlx_to_peft(src, out, base_model=rec.model)
-        else:
+        if fmt not in ("gguf", "mlx", "peft"):
             raise AdapterError(f"unknown export format {fmt!r}: use mlx, gguf or peft")
+        out = Path(out).expanduser()
+        try:
+            if fmt == "gguf":
+                out.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(src / "adapter.gguf", out)
+            elif fmt == "mlx":
+                out.mkdir(parents=True, exist_ok=True)
+                for name in ("adapters.safetensors", "adapter_config.json"):
+                    shutil.copyfile(src / name, out / name)
+            else:
+                from clawd.training.export import mlx_to_peft
+
+                mlx_to_peft(src, out, base_model=rec.model)
+        except OSError as e:
+            raise AdapterError(f"could not export {adapter_id} to {out}: {e.strerror or e}; pick a writable path") from e
         return out

@@ -110,3 +110,17 @@ def test_a_stop_that_times_out_keeps_the_job(train_daemon):
     assert res["resumable"] and (sched.jobs_dir / first / "job.json").is_file(), res
     assert training(d, "POST")["job_id"] == first
     assert wait_run(d)["result"]["promoted"]
+
+
+def test_export_to_a_bad_path_is_a_clear_400(train_daemon, tmp_path):
+    d = train_daemon
+    make_ready_signals(d, 2)
+    training(d, "POST")
+    aid = wait_run(d)["result"]["adapter_id"]
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    with d.client() as c:
+        r = c.post(f"/clawd/adapters/{aid}/export", json={"format": "gguf", "path": str(blocker / "x.gguf")})
+        assert r.status_code == 400 and "pick a writable path" in r.json()["error"]["message"], r.text
+        r = c.post(f"/clawd/adapters/{aid}/export", json={"format": "gguf", "path": str(tmp_path / "ok.gguf")})
+        assert r.status_code == 200 and (tmp_path / "ok.gguf").stat().st_size > 0
