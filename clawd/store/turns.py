@@ -127,7 +127,9 @@ def _to_row(rec: TurnRecord) -> tuple:
     return tuple(values[c] for c in _COLUMNS)
 
 
-def _from_row(r: Any) -> TurnRecord:
+def from_row(r: Any) -> TurnRecord:
+    """A `turns` row (sqlite3.Row or any name-indexed mapping) as a TurnRecord; also used by
+    read-only readers outside the daemon (clawd/export.py)."""
     return TurnRecord(
         id=r["id"],
         session_id=r["session_id"],
@@ -240,7 +242,7 @@ async def list_turns(
         params.append(before)
     sql = _SELECT + (f" WHERE {' AND '.join(where)}" if where else "") + f" {_NEWEST} LIMIT ?"
     rows = await db.conn.execute_fetchall(sql, (*params, limit))
-    return [_from_row(r) for r in rows]
+    return [from_row(r) for r in rows]
 
 
 async def list_sessions(db: Database, limit: int = 100) -> list[dict]:
@@ -289,7 +291,7 @@ async def find_by_request_hash(db: Database, h: str) -> TurnRecord | None:
 async def _one(db: Database, sql: str, params: tuple) -> TurnRecord | None:
     async with db.conn.execute(sql, params) as cur:
         row = await cur.fetchone()
-    return _from_row(row) if row is not None else None
+    return from_row(row) if row is not None else None
 
 
 async def delete_session(db: Database, session_id: str) -> list[str]:

@@ -79,11 +79,20 @@ def fit(prompt: list[int], response: list[int], max_tokens: int, keep_first: boo
     return prompt, response
 
 
-async def _sample(db: Database, chat: ChatService, sig: signals.Signal, max_tokens: int) -> Sample | None:
-    turn = await turns.get_turn(db, sig.turn_id)
-    reward = sig.reward or 0
-    if turn is None or not turn.response_ids or (reward == 0 and not sig.hint):
+async def usable_turn(db: Database, sig: signals.Signal) -> turns.TurnRecord | None:
+    """The signal's turn when a sample can be built from it, else None: the one test that both
+    build_job and untrained_count apply, so the scheduler never fires on signals no job takes."""
+    if not (sig.reward or sig.hint):
         return None  # METHOD §5: neither an evaluative nor a directive signal -> no sample
+    turn = await turns.get_turn(db, sig.turn_id)
+    return turn if turn is not None and turn.response_ids else None  # deleted, or no sampled ids
+
+
+async def _sample(db: Database, chat: ChatService, sig: signals.Signal, max_tokens: int) -> Sample | None:
+    turn = await usable_turn(db, sig)
+    if turn is None:
+        return None
+    reward = sig.reward or 0
     keep_first = chat.runner.engine.info.add_bos
     prompt, response = fit(turn.prompt_ids, turn.response_ids, max_tokens, keep_first)
     teacher = None
@@ -105,8 +114,11 @@ def canary_samples(chat: ChatService) -> list[Sample]:
 
 async def untrained_count(db: Database, holdout: float) -> int:
     used = await adapter_rows.trained_turns(db)
-    return sum(1 for s in await signals.trainable(db)
-               if s.turn_id not in used and not is_holdout(s.turn_id, holdout) and (s.reward or s.hint))
+    n = 0
+    for s in await signals.trainable(db):
+        if s.turn_id not in used and not is_holdout(s.turn_id, holdout) and await usable_turn(db, s):
+            n += 1
+    return n
 
 
 async def build_job(db: Database, chat: ChatService, settings: TrainingSettings, *, job_id: str,

@@ -6,10 +6,11 @@ dir renamed into place), so a kill at any moment leaves the whole adapter or non
 touches the database or the served model: it reports to the daemon as JSON lines on stdout
 ({"event": ...}), and a crash or OOM here cannot take serving down.
 
-Stopping: SIGTERM asks for a stop at the next optimizer step; the run saves a checkpoint
-(LoRA weights, optimizer state, step) in JOB_DIR and exits with STOPPED. Started again on the
-same JOB_DIR it resumes from there; π_old and teacher log-probs are kept in JOB_DIR too, so a
-resumed run optimizes exactly the same objective.
+Stopping: SIGTERM asks for a stop at the next optimizer step (or, after the last one, before
+or between the gate's measurements); the run saves a checkpoint (LoRA weights, optimizer
+state, step, history) in JOB_DIR and exits with STOPPED. Started again on the same JOB_DIR it
+resumes from there (a checkpoint after the last step goes straight to the gate); π_old and
+teacher log-probs are kept in JOB_DIR too, so a resumed run optimizes exactly the same objective.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ class StopRequested(Exception):
 
 
 class StopFlag:
-    """Set by SIGTERM; checked between optimizer steps."""
+    """Set by SIGTERM; checked between optimizer steps and the gate's measurements."""
 
     def __init__(self) -> None:
         self.requested = False
@@ -131,11 +132,41 @@ def batches(n: int, batch_size: int) -> list[list[int]]:
     return [list(range(i, min(i + batch_size, n))) for i in range(0, n, batch_size)]
 
 
+def metric_counts(sample, k: int, weights) -> dict[str, float]:
+    """What each of one sample's metrics is a mean over (METHOD §5): the samples, tokens or
+    (token, v) pairs where its term exists; 0 = the term is absent (no r, no hint, weight 0)."""
+    n = len(sample.response_ids)
+    rl = float(n > 0 and bool(sample.reward) and weights.rl != 0)
+    opd = float(n > 0 and sample.teacher_prompt_ids is not None and weights.opd != 0)
+    return {"rl": rl, "reward_mean": rl, "ratio_mean": rl * n, "rl_clip_frac": rl * n,
+            "opd": opd, "opd_clip_frac": opd * n * k}
+
+
+def step_metrics(rows: list[tuple[dict[str, float], dict[str, float]]]) -> dict[str, float]:
+    """One step's metrics from its samples' (metrics, counts): each metric pooled over the
+    samples/tokens where it is defined (a missing count is 1), so a sample without a term
+    does not dilute that term's mean with a 0. The loss is a mean over the samples carrying
+    a term (as the gradient is); n_samples is their number."""
+    num: dict[str, float] = {}
+    den: dict[str, float] = {}
+    for metrics, counts in rows:
+        counts = {"loss": metrics.get("n_samples", 1.0), **counts}
+        for key, v in metrics.items():
+            c = counts.get(key, 1.0)
+            num[key] = num.get(key, 0.0) + v * c
+            den[key] = den.get(key, 0.0) + c
+    out = {key: num[key] / den[key] if den[key] else 0.0 for key in num}
+    if "n_samples" in num:
+        out["n_samples"] = sum(m["n_samples"] for m, _ in rows)
+    return out
+
+
 def train(model, steps: Iterator[list[int]], loss_fn, optimizer, grad_clip: float,
-          on_step: Callable[[int, dict], bool]) -> int:
+          on_step: Callable[[int, dict], bool], counts: Callable[[int], dict[str, float]] | None = None) -> int:
     """The training loop: one optimizer update per item of `steps` (a list of sample indices,
-    gradients averaged over them). `loss_fn(i)` gives (loss, metrics) for sample i; `on_step`
-    gets (step, metrics) after each update and returns False to stop. Returns steps done."""
+    gradients averaged over them). `loss_fn(i)` gives (loss, metrics) for sample i; `counts(i)`
+    what each metric of sample i is a mean over (see step_metrics); `on_step` gets (step,
+    metrics) after each update and returns False to stop. Returns steps done."""
     import mlx.core as mx
     import mlx.nn as nn
     import mlx.optimizers as optim
@@ -145,50 +176,71 @@ def train(model, steps: Iterator[list[int]], loss_fn, optimizer, grad_clip: floa
     done = 0
     for indices in steps:
         t0 = time.perf_counter()
-        total, agg = None, {}
+        total, rows = None, []
         for i in indices:
             (loss, metrics), grads = grad_of(model, i)
             total = grads if total is None else tree_map(mx.add, total, grads)
             mx.eval(total, loss)
-            for key, v in {"loss": loss, **metrics}.items():
-                agg.setdefault(key, []).append(float(v))
+            rows.append(({key: float(v) for key, v in {"loss": loss, **metrics}.items()},
+                         counts(i) if counts else {}))
         # Mean over the samples that carry a term (an ablation weight of 0 can empty one).
-        counted = max(sum(agg.get("n_samples", [len(indices)])), 1)
+        counted = max(sum(m.get("n_samples", 1) for m, _ in rows), 1)
         total = tree_map(lambda g: g / counted, total)
+        summary = step_metrics(rows)
         if grad_clip > 0:
             total, norm = optim.clip_grad_norm(total, grad_clip)
-            agg["grad_norm"] = [float(norm)]
+            summary["grad_norm"] = float(norm)
         optimizer.update(model, total)
         mx.eval(model.trainable_parameters(), optimizer.state)
         done += 1
-        summary = {k: sum(v) / len(v) for k, v in agg.items()}
         summary["seconds"] = time.perf_counter() - t0
         if not on_step(done, summary):
             break
     return done
 
 
-def save_checkpoint(path: Path, model, optimizer, step: int) -> None:
+def save_checkpoint(path: Path, model, optimizer, step: int, history: list[dict]) -> None:
+    """Weights, optimizer state, step and history written as one dir renamed into place; the
+    previous checkpoint is set aside, not deleted, until the new one is in (no moment without one)."""
     import mlx.core as mx
     from mlx.utils import tree_flatten
 
-    tmp = path.with_name(path.name + ".tmp")
+    tmp, old = path.with_name(path.name + ".tmp"), path.with_name(path.name + ".old")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     mx.save_safetensors(str(tmp / "lora.safetensors"), dict(tree_flatten(model.trainable_parameters())))
     mx.save_safetensors(str(tmp / "optimizer.safetensors"), dict(tree_flatten(optimizer.state)))
+    (tmp / "history.json").write_text(json.dumps(history))
     (tmp / "step.json").write_text(json.dumps({"step": step}))
-    shutil.rmtree(path, ignore_errors=True)
+    if path.exists():  # else .old (if any) is the only checkpoint: keep it until tmp is in
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(path, old)
     os.replace(tmp, path)
+    shutil.rmtree(old, ignore_errors=True)
 
 
-def load_checkpoint(path: Path, model, optimizer) -> int:
+def find_checkpoint(path: Path) -> Path | None:
+    """The checkpoint dir, or the set-aside previous one when a kill hit between the renames."""
+    for p in (path, path.with_name(path.name + ".old")):
+        if (p / "step.json").is_file():
+            return p
+    return None
+
+
+def load_checkpoint(path: Path, model, optimizer) -> tuple[int, list[dict]]:
     import mlx.core as mx
     from mlx.utils import tree_unflatten
 
     model.update(tree_unflatten(list(mx.load(str(path / "lora.safetensors")).items())))
     optimizer.state = tree_unflatten(list(mx.load(str(path / "optimizer.safetensors")).items()))
-    return json.loads((path / "step.json").read_text())["step"]
+    step = json.loads((path / "step.json").read_text())["step"]
+    try:  # the history only reports: a missing or damaged one starts afresh, never fails the run
+        history = json.loads((path / "history.json").read_text())
+    except (OSError, ValueError):
+        history = []
+    if not isinstance(history, list):
+        history = []
+    return step, history
 
 
 def run(job_dir: Path, cache_dir: Path, out_dir: Path, *, stock_blas: bool = False) -> int:
@@ -234,8 +286,8 @@ def run(job_dir: Path, cache_dir: Path, out_dir: Path, *, stock_blas: bool = Fal
     optimizer = optim.AdamW(learning_rate=cfg.learning_rate, betas=[0.9, 0.98], weight_decay=cfg.weight_decay)
     plan = [b for b in batches(len(job.train), cfg.batch_size) for _ in range(cfg.epochs)]
     ckpt = job_dir / "checkpoint"
-    start = load_checkpoint(ckpt, lm.model, optimizer) if ckpt.exists() else 0
-    history: list[dict] = json.loads((job_dir / "history.json").read_text()) if start else []
+    found = find_checkpoint(ckpt)
+    start, history = load_checkpoint(found, lm.model, optimizer) if found else (0, [])
 
     def on_step(step: int, m: dict) -> bool:
         m["step"] = start + step
@@ -244,22 +296,30 @@ def run(job_dir: Path, cache_dir: Path, out_dir: Path, *, stock_blas: bool = Fal
              **m)
         return not stop.requested
 
+    def stopped(step: int) -> int:
+        save_checkpoint(ckpt, lm.model, optimizer, step, history)
+        emit("stopped", step=step, total=len(plan))
+        return STOPPED
+
     emit("phase", phase="train", steps=len(plan), resumed_at=start)
     done = train(lm.model, iter(plan[start:]), lambda i: sample_loss(lm, job.train[i], prep[i], weights),
-                 optimizer, cfg.grad_clip, on_step)
-    if start + done < len(plan):
-        save_checkpoint(ckpt, lm.model, optimizer, start + done)
-        (job_dir / "history.json").write_text(json.dumps(history))
-        emit("stopped", step=start + done, total=len(plan))
-        return STOPPED
+                 optimizer, cfg.grad_clip, on_step, counts=lambda i: metric_counts(job.train[i], k, weights))
+    # A stop during the last step counts too: checkpoint at len(plan), and a resume goes
+    # straight to the gate (the daemon SIGKILLs a trainer that ignores SIGTERM).
+    if start + done < len(plan) or stop.requested:
+        return stopped(start + done)
 
     emit("phase", phase="gate", holdout=len(job.holdout))
     candidate = evaluate.lora_params(lm.model)
     judged_on = "holdout" if job.holdout else "train"  # no held-out signal yet: say so
     gate = evaluate.direction(lm, job.holdout or job.train, active, candidate, k, weights.delta_clip)
+    if stop.requested:  # direction() leaves the candidate's weights in place
+        return stopped(len(plan))
     gate.update(judged_on=judged_on, kl_to_base=evaluate.kl_to_base(lm, job.canary), kl_bound=cfg.kl_bound)
     gate["passed"] = bool(gate["gain"] is not None and gate["gain"] > 0 and gate["kl_to_base"] <= cfg.kl_bound)
     probe = evaluate.probe(lm, job.train[0] if job.train else job.canary[0])
+    if stop.requested:
+        return stopped(len(plan))
 
     metrics = {"steps": len(plan), "samples": len(job.train), "history": history,
                "final": history[-1] if history else {}, "note": note}

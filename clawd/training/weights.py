@@ -19,6 +19,7 @@ import math
 import os
 import shutil
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -273,11 +274,31 @@ def _write_cache(entry: Path, weights: dict[str, mx.array], config: dict) -> Non
             shutil.rmtree(old, ignore_errors=True)
 
 
+STALE_TMP_S = 600  # a .tmp-* cache write untouched this long belongs to a killed trainer
+
+
+def _sweep_tmp(cache: Path, max_age_s: float = STALE_TMP_S) -> None:
+    """Drop the full-size .tmp-* dirs a trainer killed mid-write left. One written to recently
+    (the dir or a file in it) may be a live writer's (another trainer), so it is left alone."""
+    if not cache.is_dir():
+        return
+    now = time.time()
+    for tmp in cache.glob(".tmp-*"):
+        try:
+            touched = max([tmp.stat().st_mtime] + [f.stat().st_mtime for f in tmp.iterdir()])
+        except OSError:
+            continue  # gone already (its writer renamed or removed it)
+        if now - touched > max_age_s:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
 def _read_gguf(path: Path, cache_dir: Path | None) -> tuple[str, dict, dict[str, mx.array]]:
     from clawd.engines.llamacpp import check_gguf_file
 
     check_gguf_file(path)
     entry = _cache_entry(cache_dir, path) if cache_dir is not None else None
+    if entry is not None:
+        _sweep_tmp(entry.parent)
     if entry is not None and (entry / "config.json").is_file():
         try:
             config = json.loads((entry / "config.json").read_text())
