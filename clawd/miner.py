@@ -32,7 +32,9 @@ log = logging.getLogger(__name__)
 HINT_MARKER = "\n\n[user's hint / instruction]\n"
 RESTATE_SIMILARITY = 0.85  # a new user message this close to the previous one re-asks it
 PREEMPT_RETRY_S = 1.0
-MAX_ATTEMPTS = 5  # a turn that keeps failing for a non-judge reason is given up (empty)
+# A turn that keeps failing for a non-judge reason (e.g. an engine that cannot score the
+# teacher) is given up after this many tries: it keeps its reward, without a hint.
+MAX_ATTEMPTS = 5
 
 
 @dataclass
@@ -242,8 +244,10 @@ class Miner:
             sig.attempts += 1
             sig.error = e.message
             sig.retry_at = time.time() + min(3600.0, self.settings.retry_s * 2 ** (sig.attempts - 1))
-            if sig.attempts >= MAX_ATTEMPTS:
-                sig.status, sig.reward, sig.hint = "empty", 0, None
+            if sig.attempts >= MAX_ATTEMPTS:  # give up the directive signal, keep the evaluative one
+                sig.status = "ready" if sig.reward else "empty"
+                sig.hints, sig.hint = [], None
+                sig.student_top_ids = sig.student_top_logprobs = sig.teacher_logprobs = sig.teacher_top_logprobs = None
             await signals.save(self.db, sig, if_updated_at=read_at)
             log.warning("mining turn %s failed (attempt %d): %s", turn_id, sig.attempts, e.message)
             return

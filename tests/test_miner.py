@@ -770,7 +770,8 @@ def test_missing_gguf_judge_is_reported_and_retried(clawd_home, http, tmp_path):
 def test_a_turn_the_engine_fails_on_backs_off_then_is_given_up(clawd_home, http):
     """A non-judge failure (the engine erring on one turn's scoring) backs that turn off
     rather than crashing the step or retrying it forever ahead of everyone else; after
-    MAX_ATTEMPTS it is given up as 'empty'."""
+    MAX_ATTEMPTS its directive signal is given up and its reward (the user's correction: -1)
+    kept, so an engine that cannot score the teacher still yields evaluative signals."""
     engine = FakeEngine(n_ctx=2048)
     d = mining_daemon(clawd_home, engine)
     try:
@@ -808,9 +809,10 @@ def test_a_turn_the_engine_fails_on_backs_off_then_is_given_up(clawd_home, http)
             assert mine(d) == 1 and len(failures) == attempt
             sig = stored_signal(d, failing)
             assert sig.attempts == attempt and "llama_decode failed" in sig.error
-            assert sig.status == ("empty" if attempt == MAX_ATTEMPTS else "pending")
+            assert sig.status == ("ready" if attempt == MAX_ATTEMPTS else "pending")
         s = api_signal(http, d, failing)
-        assert (s["status"], s["reward"], s["hint"], s["teacher_arrays"]) == ("empty", 0, None, False)
+        assert (s["status"], s["reward"], s["hint"], s["teacher_arrays"]) == ("ready", -1, None, False)
+        assert s["reward_source"] == "rules" and s["hints"] == []
         assert mine(d) == 0 and len(failures) == MAX_ATTEMPTS  # given up: never mined again
         assert api_signal(http, d, fine)["status"] == "ready"
     finally:
