@@ -139,6 +139,22 @@ def tiny_daemon(clawd_home, tiny_gguf):
     d.stop()
 
 
+# Fast, decisive training on the tiny model: no holdout, a loose gate, a big learning rate.
+TRAIN_ENV = {"CLAWD_TRAINING_AUTO": 0, "CLAWD_TRAINING_HOLDOUT": 0.0, "CLAWD_TRAINING_KL_BOUND": 50.0,
+             "CLAWD_TRAINING_RANK": 4, "CLAWD_TRAINING_ALPHA": 8.0, "CLAWD_TRAINING_LEARNING_RATE": 0.02,
+             "CLAWD_TRAINING_BATCH_SIZE": 2, "CLAWD_TRAINING_EPOCHS": 2}
+
+
+@pytest.fixture
+def train_daemon(clawd_home, tiny_gguf):
+    """A daemon on the tiny llama.cpp model with the trainer (real MLX child) enabled."""
+    from clawd.engines.llamacpp import Engine
+
+    d = start_daemon(clawd_home, Engine(tiny_gguf, n_ctx=256, n_threads=1, model_id="tiny"), TRAIN_ENV)
+    yield d
+    d.stop()
+
+
 class ServeProcess:
     """`clawd serve` as a real subprocess, for crash and start-up tests."""
 

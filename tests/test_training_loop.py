@@ -19,20 +19,8 @@ import pytest
 
 from clawd.store import adapters as adapter_rows
 from clawd.store import signals
-from tests.conftest import ServeProcess, start_daemon
+from tests.conftest import TRAIN_ENV, ServeProcess, start_daemon
 
-TRAIN_ENV = {"CLAWD_TRAINING_AUTO": 0, "CLAWD_TRAINING_HOLDOUT": 0.0, "CLAWD_TRAINING_KL_BOUND": 50.0,
-             "CLAWD_TRAINING_RANK": 4, "CLAWD_TRAINING_ALPHA": 8.0, "CLAWD_TRAINING_LEARNING_RATE": 0.02,
-             "CLAWD_TRAINING_BATCH_SIZE": 2, "CLAWD_TRAINING_EPOCHS": 2}
-
-
-@pytest.fixture
-def train_daemon(clawd_home, tiny_gguf):
-    from clawd.engines.llamacpp import Engine
-
-    d = start_daemon(clawd_home, Engine(tiny_gguf, n_ctx=256, n_threads=1, model_id="tiny"), TRAIN_ENV)
-    yield d
-    d.stop()
 
 
 def chat(d, text: str, seed: int = 0) -> dict:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from clawd.errors import Busy
 from clawd.store import adapters as adapter_rows
-from tests.test_training_loop import make_ready_signals, train_daemon, training, wait_for, wait_run  # noqa: F401
+from tests.test_training_loop import make_ready_signals, training, wait_for, wait_run
 
 
 def test_two_starts_at_once_make_one_run(train_daemon):
