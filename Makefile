@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: serve chat test test-fast demo bench-serve bench-train bench-tui
+.PHONY: serve chat test test-fast demo bench-serve bench-learning bench-train bench-tui bench-mlx
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -30,8 +30,15 @@ demo: $(STAMP)  ## teach the embedded model one correction, show the change, rol
 bench-serve: $(STAMP)  ## serving speed through the daemon vs raw llama-cpp-python
 	$(PY) benchmarks/serve.py
 
+bench-learning: $(STAMP)  ## simulated users: does it learn their preference? hybrid vs RL vs OPD (~25 min; ARGS=... to change)
+	$(PY) -m pip install --quiet -e ".[bench]"
+	$(PY) benchmarks/learning.py $(ARGS)
+
 bench-tui: $(STAMP)  ## TUI start-up to the first screen vs a bare Textual app (goal < 1 s)
 	$(PY) benchmarks/tui_startup.py
+
+bench-mlx: $(STAMP)  ## mlx engine vs llama.cpp engine on the 270M model: generation tok/s, adapter swap ms (~2 min)
+	$(PY) benchmarks/mlx_engine.py $(ARGS)
 
 bench-train: $(STAMP)  ## training step: clawd's hybrid step vs an mlx_lm SFT step, BLAS, memory (~6 min)
 	$(PY) benchmarks/train.py

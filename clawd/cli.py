@@ -44,7 +44,7 @@ def cmd_serve(args) -> int:
     settings, paths = _setup(args)
     choice = models.resolve_model(settings.model, paths)
     print(f"clawd: loading {choice.id} from {choice.path}", file=sys.stderr)
-    engine = models.load_engine(settings.model, choice, top_k=settings.generation.top_k)
+    engine = models.load_engine(settings.model, choice, top_k=settings.generation.top_k, cache_dir=paths.cache_dir)
 
     def ready(state, _server):
         print(f"clawd: serving {state.chat.model_id} at http://{settings.server.host}:{state.port}/v1 "
@@ -372,9 +372,15 @@ def cmd_models(args) -> int:
     from clawd import models
 
     settings, paths = _setup(args)
+    if getattr(args, "models_action", None):  # list / add / use / pull / remove: clawd/model_registry.py
+        from clawd import model_registry
+
+        return model_registry.command(args, settings, paths, os.environ)
     choice = models.resolve_model(settings.model, paths, prepare=False)
     present = choice.path.is_file()
-    info = {"id": choice.id, "engine": settings.model.engine, "path": str(choice.path),
+    upstream = settings.model.engine == "openai"
+    info = {"id": choice.id, "engine": settings.model.engine,
+            "path": settings.model.base_url if upstream else str(choice.path),
             "embedded": choice.embedded, "present": present,
             "size_bytes": choice.path.stat().st_size if present else None}
     if present and settings.model.engine == "llamacpp":
@@ -383,8 +389,10 @@ def cmd_models(args) -> int:
         print(json.dumps(info, indent=2))
         return 0
     print(f"{info['id']}  ({'embedded default' if choice.embedded else 'configured'}, engine {info['engine']})")
-    print(f"  file: {info['path']}")
-    if not present:
+    print(f"  {'url' if upstream else 'file'}: {info['path']}")
+    if upstream:
+        print(f"  served by the upstream at {settings.model.base_url} (the model id comes from it)")
+    elif not present:
         note = "unpacked on first `clawd serve`" if choice.embedded else "MISSING: fix model.path"
         print(f"  {note}")
     else:
@@ -414,6 +422,35 @@ def _gguf_summary(path) -> dict:
             "chat_template": "yes" if value("tokenizer.chat_template") else "none (transcript format)"}
 
 
+def cmd_export(args) -> int:
+    """Reads the database directly, read-only: works with the daemon stopped (clawd/export.py says why)."""
+    from clawd import export
+
+    _, paths = _setup(args)
+    if not args.out or args.out == "-":
+        n = export.export_signals(paths.db_file, args.format, sys.stdout)
+    else:
+        out = os.path.abspath(args.out)
+        tmp = out + ".partial"
+        try:
+            with open(tmp, "w", encoding="utf-8") as fh:
+                n = export.export_signals(paths.db_file, args.format, fh)
+            os.replace(tmp, out)  # a failed export never leaves half a dataset under the real name
+        except OSError as e:
+            raise ClawdError(f"cannot write {out} ({e.strerror}): pick a writable --out path") from e
+        finally:
+            if os.path.exists(tmp):
+                os.remove(tmp)
+    print(f"clawd: exported {n} signals as {args.format} to {args.out or 'stdout'}", file=sys.stderr)
+    return 0
+
+
+def cmd_bench(args) -> int:
+    from clawd.bench import learning  # lazily: only the benchmark needs it
+
+    return learning.main(args.args)
+
+
 def cmd_token(args) -> int:
     from clawd.token import ensure_token
 
@@ -437,8 +474,11 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("serve", help="run the daemon in the foreground")
     s.add_argument("--host", help="listen address (default 127.0.0.1)")
     s.add_argument("--port", type=int, help="listen port (default 8757)")
-    s.add_argument("--model", help="GGUF file to serve (default: the embedded Gemma 3 270M)")
-    s.add_argument("--engine", choices=["llamacpp", "fake"], help="inference engine")
+    s.add_argument("--model", help="GGUF file (or, with --engine mlx, an MLX model directory) to serve "
+                   "(default: the embedded Gemma 3 270M)")
+    s.add_argument("--engine", choices=["llamacpp", "mlx", "openai", "fake"],
+                   help="inference engine (mlx: mlx-lm, for GGUF files or MLX model directories; openai: an "
+                        "OpenAI-compatible upstream at model.base_url)")
     s.set_defaults(func=cmd_serve)
 
     s = sub.add_parser("chat", help="open the TUI: chat, review what was learned, adapters (starts the daemon)")
@@ -448,9 +488,24 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--json", action="store_true", help="machine-readable output")
     s.set_defaults(func=cmd_status)
 
-    s = sub.add_parser("models", help="which model is configured and where its file is")
+    s = sub.add_parser("models", help="the configured model; list, add, use or pull named models")
     s.add_argument("--json", action="store_true", help="machine-readable output")
     s.set_defaults(func=cmd_models)
+    ms = s.add_subparsers(dest="models_action", metavar="{list,add,use,pull,remove}")
+    m = ms.add_parser("list", help="the embedded default and every added model; * = configured")
+    m.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="machine-readable output")
+    m = ms.add_parser("add", help="register a local GGUF file or MLX/HF model directory (not copied)")
+    m.add_argument("src", metavar="PATH", help="a .gguf file or a directory with config.json + *.safetensors")
+    m.add_argument("--name", dest="as_name", metavar="NAME", help="the name to use it by (default: from the file name)")
+    m.add_argument("--copy", action="store_true", help="copy it into clawd's models directory")
+    m = ms.add_parser("use", help="serve this model: sets model.path / model.name in config.toml")
+    m.add_argument("model_name", metavar="NAME")
+    m = ms.add_parser("pull", help="download a GGUF (or MLX) model from the Hugging Face hub and add it")
+    m.add_argument("repo", metavar="REPO", help="OWNER/NAME on huggingface.co (HF_ENDPOINT for a mirror)")
+    m.add_argument("--file", help="the .gguf file in the repo (default: the only one, or the one *Q4_K_M*)")
+    m.add_argument("--name", dest="as_name", metavar="NAME", help="the name to use it by (default: from the file name)")
+    m = ms.add_parser("remove", help="forget a model; deletes only files clawd copied or pulled")
+    m.add_argument("model_name", metavar="NAME")
 
     s = sub.add_parser("signals", help="review mined training signals; veto what must not train")
     s.add_argument("action", choices=["list", "show", "veto", "unveto"])
@@ -480,6 +535,19 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --now: only if training.min_signals are ready (for timers); else exit 0")
     s.add_argument("--json", action="store_true", help="machine-readable status")
     s.set_defaults(func=cmd_train)
+
+    s = sub.add_parser("export", help="write the ready, non-vetoed training signals as a dataset (TRL / raw JSONL)")
+    s.add_argument("what", choices=["signals"])
+    s.add_argument("--format", choices=["trl", "jsonl"], default="trl",
+                   help="trl: TRL conversational prompt/completion + reward, hint, teacher log-probs; jsonl: raw rows")
+    s.add_argument("--out", help="output file (JSON Lines); default stdout")
+    s.set_defaults(func=cmd_export)
+
+    s = sub.add_parser("bench", help="benchmarks: `clawd bench learning` (does it learn a simulated user's "
+                       "preference? hybrid vs RL vs OPD)")
+    s.add_argument("name", choices=["learning"])
+    s.add_argument("args", nargs=argparse.REMAINDER, help="the benchmark's options (clawd bench learning --help)")
+    s.set_defaults(func=cmd_bench)
 
     s = sub.add_parser("token", help="print the API bearer token (for non-loopback clients)")
     s.set_defaults(func=cmd_token)

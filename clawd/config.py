@@ -38,8 +38,9 @@ class ServerSettings:
 @dataclass(frozen=True)
 class ModelSettings:
     path: str = _f("", "Model file (GGUF) or directory (MLX); empty = the embedded Gemma 3 270M model.")
-    engine: str = _f("llamacpp", "Inference engine: llamacpp, openai (an OpenAI-compatible server you run: set "
-                                 "model.base_url) or fake (for tests).", choices=("llamacpp", "openai", "fake"))
+    engine: str = _f("llamacpp", "Inference engine: llamacpp, mlx (mlx-lm: fastest on Apple Silicon; GGUF files or "
+                                 "MLX model directories), openai (an OpenAI-compatible server you run: set "
+                                 "model.base_url) or fake (for tests).", choices=("llamacpp", "mlx", "openai", "fake"))
     base_url: str = _f("", "openai engine: the upstream's OpenAI base URL, e.g. http://127.0.0.1:8080/v1 "
                            "(llama-server) or http://127.0.0.1:8000/v1 (vLLM); clawd contacts nothing else.")
     api_key: str = _f("", "openai engine: bearer token for the upstream, if it needs one.")

@@ -82,7 +82,9 @@ async def build_state(settings: Settings, paths: Paths, engine: Engine, port: in
             spec, dataclasses.replace(settings, mining=miner.settings), chat, db))
         chat.on_turn = miner.poke
     registry = scheduler = None
-    if engine.name == "llamacpp":  # adapters are GGUF LoRA, trained from the same GGUF weights
+    # Training builds its MLX model from the served GGUF, and the llama.cpp and mlx engines both
+    # load the adapter dirs it writes (an MLX-directory base model has no trainer bridge yet).
+    if engine.name in ("llamacpp", "mlx") and Path(info.path).is_file():
         paths.adapters_dir.mkdir(parents=True, exist_ok=True)
         registry = Registry(db, chat, paths.adapters_dir, info.path)
         await registry.restore()

@@ -371,9 +371,12 @@ _STOP = set("a an the to of in on for and or is are was be it it's this that tha
 # "another joke", "the next step": asking for a new item is not asking again
 _NEW_ITEM = re.compile(r"\b(another|next|new|more|also|different|other|else|too|now|then)\b")
 _SENTENCE = re.compile(r"(?<=[.!?])\s+|\n+")
+# Lead-ins stripped from a correction. "No", "wrong", "ok"... only when punctuation ends them:
+# in "No bold please" or "Wrong language, I asked for Italian" the word is the instruction.
 _LEAD_IN = re.compile(
-    r"^\s*(((no|nope|nah|wrong|incorrect|not quite|not really|not exactly|hmm+|ugh+|um+|uh+|well|actually"
-    r"|sorry|ok|okay|oh|meh|but|and|so)\b|(thanks|thank you|great|nice|perfect|cool|looks good)[\s,.!]*but\b)"
+    r"^\s*(((no|nope|nah|wrong|incorrect|not quite|not really|not exactly|sorry|ok|okay|meh)\s*[,.!:;—–-]"
+    r"|(hmm+|ugh+|um+|uh+|well|actually|oh|but|and|so)\b"
+    r"|(thanks|thank you|great|nice|perfect|cool|looks good)[\s,.!]*but\b)"
     r"[\s,.!:;—–-]*)+",
     re.IGNORECASE,
 )

@@ -76,8 +76,9 @@ def resolve_model(settings: ModelSettings, paths: Paths, *, prepare: bool = True
     return ModelChoice(settings.name or path.stem, path, False)
 
 
-def load_engine(settings: ModelSettings, choice: ModelChoice, *, top_k: int = 40):
-    """Load the configured engine. Raises ModelLoadError with what to do."""
+def load_engine(settings: ModelSettings, choice: ModelChoice, *, top_k: int = 40, cache_dir: Path | None = None):
+    """Load the configured engine. `cache_dir` (clawd's cache) keeps the mlx engine's BLAS shim
+    and dequantized GGUF weights. Raises ModelLoadError with what to do."""
     if settings.engine == "fake":
         from clawd.engines.fake import Engine
 
@@ -87,6 +88,10 @@ def load_engine(settings: ModelSettings, choice: ModelChoice, *, top_k: int = 40
 
         return Upstream(settings.base_url, model=settings.name, api_key=settings.api_key, n_ctx=settings.n_ctx,
                         top_k=top_k)
+    if settings.engine == "mlx":
+        from clawd.engines.mlx import Engine as Mlx
+
+        return Mlx(choice.path, n_ctx=settings.n_ctx, top_k=top_k, model_id=choice.id, cache_dir=cache_dir)
     from clawd.engines.llamacpp import Engine
 
     return Engine(choice.path, n_ctx=settings.n_ctx, n_threads=settings.n_threads, top_k=top_k,

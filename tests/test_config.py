@@ -106,7 +106,7 @@ def test_bad_type_in_file_names_file_and_key(cfg):
 
 
 def test_bad_choice_and_range(cfg):
-    with pytest.raises(ConfigError, match="model.engine must be one of llamacpp, openai, fake"):
+    with pytest.raises(ConfigError, match="model.engine must be one of llamacpp, mlx, openai, fake"):
         load_settings(cfg, {"CLAWD_MODEL_ENGINE": "vllm"})
     with pytest.raises(ConfigError, match="server.port must be <= 65535"):
         load_settings(cfg, {}, {"server.port": "70000"})

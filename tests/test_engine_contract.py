@@ -19,6 +19,9 @@ Tolerances (llama.cpp, F32 tiny models, flash attention off):
 - Reusing the cached prefix vs a fresh engine: measured max |Δ| <= 5e-7 (0 for scores);
   CACHE_ATOL = 1e-5, and token ids must be identical.
 The fake engine is exact: its generate and score evaluate the same float64 distribution.
+The `mlx` engine runs the same tiny models through clawd's GGUF -> MLX bridge (gemma3, with its
+sliding window) and as MLX model directories (llama, float32 and 4-bit quantized); float32
+throughout, so its gaps are far inside these tolerances (score vs generate ~2e-6).
 """
 
 from __future__ import annotations
@@ -46,6 +49,8 @@ TAIL_B = "\nUser: what is two plus two?\nAssistant:"
 
 KINDS = {"fake": None, "llamacpp-llama": "llama", "llamacpp-qwen2": "qwen2", "llamacpp-gemma3": "gemma3",
          "openai": "upstream"}
+# The mlx engine: kind -> (architecture, model form): a GGUF file through the bridge, or an MLX dir.
+MLX_KINDS = {"mlx-gemma3": ("gemma3", "gguf"), "mlx-llama": ("llama", "dir"), "mlx-llama-q4": ("llama", "dir-q4")}
 
 # The `openai` engine runs against a real llama_cpp.server on the tiny llama GGUF. What that
 # upstream cannot do, and why (tests/test_openai_engine.py checks each refusal is the documented one):
@@ -74,12 +79,26 @@ def _skip_what_the_upstream_cannot(request):
         pytest.skip(reason)
 
 
-@pytest.fixture(scope="module", params=list(KINDS))
+@pytest.fixture(scope="module", params=list(KINDS) + list(MLX_KINDS))
 def make_engine(request, tiny_gguf, tmp_path_factory):
     """A factory of fresh engines of one kind (all closed at the end of the module)."""
-    arch = KINDS[request.param]
+    arch = KINDS[request.param] if request.param in KINDS else MLX_KINDS[request.param][0]
     server = None
-    if arch is None:
+    if request.param in MLX_KINDS:
+        pytest.importorskip("mlx_lm")
+        from clawd.engines.mlx import Engine as Mlx
+        from tests.tiny_mlx import build_tiny_mlx_dir
+
+        where = tmp_path_factory.mktemp(request.param)
+        form = MLX_KINDS[request.param][1]
+        if form == "gguf":
+            path = build_tiny_gguf(where / f"tiny-{arch}.gguf", arch=arch)
+        else:
+            path = build_tiny_mlx_dir(where / "model", tiny_gguf, bits=4 if form == "dir-q4" else None)
+
+        def factory():
+            return Mlx(path, n_ctx=N_CTX, model_id=request.param, cache_dir=where / "cache")
+    elif arch is None:
         from clawd.engines.fake import Engine as Fake
 
         def factory():

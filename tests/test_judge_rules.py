@@ -178,6 +178,9 @@ CORRECTIONS = [
     ("Wrong. Don't use slicing, my teacher wants a loop.", "Don't use slicing, my teacher wants a loop."),
     ("Stop using bullet points, write it as a paragraph.", "Stop using bullet points, write it as a paragraph."),
     ("Hmm, actually, make the intro a bit less formal", "Make the intro a bit less formal"),
+    # A leading "no" / "wrong" without punctuation is the instruction itself: keep it.
+    ("No bullet points and no bold please.", "No bullet points and no bold please."),
+    ("Wrong language, I asked for Italian.", "Wrong language, I asked for Italian."),
     ("I get a TypeError when I pass None\nTraceback (most recent call last):\n  File \"p.py\"\nTypeError: x",
      "I get a TypeError when I pass None"),
     ("Traceback (most recent call last):\n  File \"p.py\", line 2\nAttributeError: 'NoneType'", None),

@@ -124,3 +124,32 @@ def test_export_to_a_bad_path_is_a_clear_400(train_daemon, tmp_path):
         assert r.status_code == 400 and "pick a writable path" in r.json()["error"]["message"], r.text
         r = c.post(f"/clawd/adapters/{aid}/export", json={"format": "gguf", "path": str(tmp_path / "ok.gguf")})
         assert r.status_code == 200 and (tmp_path / "ok.gguf").stat().st_size > 0
+
+
+def test_the_loop_closes_on_the_mlx_engine_too(clawd_home, tiny_gguf):
+    """Serving with MLX: the adapter the trainer writes is hot-swapped into the mlx engine
+    (in place, no reload), live-checked, served, and rolled back to the base model exactly."""
+    from clawd.engines.mlx import Engine
+    from tests.conftest import TRAIN_ENV, start_daemon
+
+    d = start_daemon(clawd_home, Engine(tiny_gguf, n_ctx=256, model_id="tiny", cache_dir=clawd_home / "cache"),
+                     TRAIN_ENV)
+    try:
+        make_ready_signals(d, 2)
+        base = d.state.chat.runner.engine
+        with d.client() as c:
+            before = c.post("/clawd/score", json={"messages": [{"role": "user", "content": "question number 1?"}],
+                                                  "completion": "an answer", "adapter": "base"}).json()["logprobs"]
+        training(d, "POST")
+        res = wait_run(d)["result"]
+        assert res["promoted"], res
+        rec = d.run(adapter_rows.get(d.state.db, res["adapter_id"]))
+        assert rec.gate["live_check"]["corr"] > 0.9  # MLX serves what MLX trained: near-exact
+        assert d.state.chat.runner.engine is base and d.state.chat.active_adapter() == rec.id
+        d.run(d.state.registry.rollback())
+        with d.client() as c:
+            after = c.post("/clawd/score", json={"messages": [{"role": "user", "content": "question number 1?"}],
+                                                 "completion": "an answer"}).json()["logprobs"]
+        assert after == before
+    finally:
+        d.stop()

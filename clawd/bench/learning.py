@@ -1,0 +1,335 @@
+"""Does clawd learn a user's preference from conversation? Hybrid vs binary RL vs OPD.
+
+    clawd bench learning [--users terse,detailed] [--methods hybrid,rl,opd] [--seeds 0]
+                         [--steps 8] [--batch 4] [--eval-prompts 8] [--max-tokens 48] [--out DIR]
+    (or: python benchmarks/learning.py ...)
+
+Per (user, seed, method) an *arm*: a fresh `clawd serve` on its own CLAWD_HOME (the same
+path a person uses: HTTP only), with the rules judge and hint judge (fast, deterministic:
+the user's correction sentence becomes the hint) and automatic training off. Then:
+
+1. Compliance before: the simulated user's held-out first messages, answered greedily and
+   sampled (fixed seeds), as side turns (never mined), scored by the user's detector.
+2. Sessions: the user sends a first message from its task pool, reads the (sampled) answer
+   and replies — a correction in one of several wordings when the detector fails, an
+   approval when it passes, sometimes a thumb. The miner turns each session into a signal.
+3. Once `--batch` new signals are ready since the last run (and, by
+   `POST /clawd/training?if_ready=1` with min_signals = B, at least B untrained ones),
+   one run trains: one batch (batch_size is set above any run's sample count) for `--epochs`
+   passes, i.e. `--epochs` optimizer steps, continuing from the active adapter. The eval
+   gate may refuse the adapter (gain ≤ 0 on held-out signals, or canary KL > kl_bound):
+   that is recorded as data, the active adapter stays, and its signals train again in the
+   next run. `--holdout` is clawd's training.holdout (0.2): the share of signals kept from
+   training for the gate; 0 makes the gate judge on the training signals (KL still binds).
+4. After each run compliance is measured again, until `--steps` optimizer steps are done.
+
+Methods differ only in the loss weights (training.w_rl, training.w_opd), as METHOD.md §5
+defines the ablations. Results: JSON (everything, incl. every answer), a Markdown table and
+a PNG plot in --out. Seeds fix task order, reactions and sampling; the trainer's own seed is
+fixed too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import shlex
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from clawd.bench import report
+from clawd.bench.daemon import Daemon
+from clawd.bench.users import SimulatedUser, resolve_user, shipped_users
+from clawd.errors import ClawdError, ConfigError
+
+# METHOD.md §5: an ablation is a loss weight, nothing else.
+METHODS = {"hybrid": {"w_rl": 1.0, "w_opd": 1.0}, "rl": {"w_rl": 1.0, "w_opd": 0.0},
+           "opd": {"w_rl": 0.0, "w_opd": 1.0}}
+# Far above any run's sample count: one run = one batch = `epochs` optimizer steps.
+ONE_BATCH = 100_000
+
+
+@dataclass
+class Budget:
+    steps: int = 8  # optimizer steps per arm
+    batch: int = 4  # new ready signals per training run (training.min_signals)
+    epochs: int = 2  # passes over each batch = optimizer steps per run (METHOD §6: 2)
+    eval_prompts: int = 8  # held-out first messages per measurement (each greedy + sampled)
+    max_tokens: int = 48  # per answer, in sessions and measurements
+    learning_rate: float = 1e-4
+    kl_bound: float = 0.5  # the eval gate's bound (training.kl_bound), kept at clawd's default
+    holdout: float = 0.2  # training.holdout: signals kept for the gate's gain (0 = judged on train)
+    temperature: float = 0.7  # training sessions and the sampled measurement
+    arm_minutes: float = 0.0  # wall-clock cap per arm (0 = none): no new run starts after it
+    extra: dict[str, str] = field(default_factory=dict)  # more CLAWD_* settings (--set)
+
+    @property
+    def runs(self) -> int:
+        return math.ceil(self.steps / self.epochs)
+
+    @property
+    def max_sessions(self) -> int:
+        # Signals can be empty or held out for the gate (training.holdout); this only stops a
+        # user whose replies never become signals from looping forever.
+        return self.runs * self.batch * 4 + 8
+
+
+def daemon_settings(method: str, budget: Budget) -> dict[str, str]:
+    w = METHODS[method]
+    return {
+        "CLAWD_TRAINING_AUTO": "0", "CLAWD_TRAINING_MIN_SIGNALS": str(budget.batch),
+        "CLAWD_TRAINING_BATCH_SIZE": str(ONE_BATCH), "CLAWD_TRAINING_EPOCHS": str(budget.epochs),
+        "CLAWD_TRAINING_LEARNING_RATE": str(budget.learning_rate), "CLAWD_TRAINING_KL_BOUND": str(budget.kl_bound),
+        "CLAWD_TRAINING_HOLDOUT": str(budget.holdout),
+        "CLAWD_TRAINING_W_RL": str(w["w_rl"]), "CLAWD_TRAINING_W_OPD": str(w["w_opd"]),
+        "CLAWD_MINING_JUDGE": "rules", "CLAWD_MINING_HINT_JUDGE": "rules", "CLAWD_MINING_QUIET_S": "0",
+        "CLAWD_LOG_LEVEL": "warning", **budget.extra,
+    }
+
+
+def _say(*parts) -> None:
+    print(*parts, flush=True)
+
+
+def measure(d: Daemon, user: SimulatedUser, budget: Budget, step: int) -> dict:
+    """Held-out compliance of the live adapter, greedy and sampled (fixed seeds, side turns)."""
+    prompts = user.held_out[: budget.eval_prompts]
+    answers = []
+    for i, prompt in enumerate(prompts):
+        msgs = [{"role": "user", "content": prompt}]
+        g = d.chat(msgs, max_tokens=budget.max_tokens, temperature=0.0, seed=0, session_id=f"eval-{step}-g{i}",
+                   side=True)["text"]
+        s = d.chat(msgs, max_tokens=budget.max_tokens, temperature=budget.temperature, seed=7919 + i,
+                   session_id=f"eval-{step}-s{i}", side=True)["text"]
+        answers.append({"prompt": prompt, "greedy": g, "greedy_ok": user.complies(g),
+                        "sampled": s, "sampled_ok": user.complies(s)})
+    n = max(len(answers), 1)
+    return {"step": step, "greedy": sum(a["greedy_ok"] for a in answers) / n,
+            "sampled": sum(a["sampled_ok"] for a in answers) / n, "answers": answers}
+
+
+def converse(d: Daemon, user: SimulatedUser, task: str, index: int, seed: int, budget: Budget) -> dict:
+    """One session: first message, the answer, the user's reply (and maybe a thumb); returns
+    the session with the signal the miner made of it."""
+    sid = f"{user.name}-seed{seed}-session{index}"
+    msgs = [{"role": "user", "content": task}]
+    first = d.chat(msgs, max_tokens=budget.max_tokens, temperature=budget.temperature,
+                   seed=seed * 100_003 + index, session_id=sid)
+    reaction = user.react(first["text"], random.Random(f"{user.name}:{seed}:{index}"))
+    # The reply is the first turn's next state; its own answer is never judged, so 1 token.
+    d.chat([*msgs, {"role": "assistant", "content": first["text"]}, {"role": "user", "content": reaction.text}],
+           max_tokens=1, temperature=0.0, seed=0, session_id=sid)
+    if reaction.thumbs:
+        d.post("/clawd/feedback", {"turn_id": first["id"], "rating": reaction.thumbs})
+    sig = d.wait_mined(first["id"])
+    return {"index": index, "task": task, "turn_id": first["id"], "response": first["text"],
+            "passed": user.complies(first["text"]), "reply": reaction.text, "thumbs": reaction.thumbs,
+            "reward": sig.get("reward"), "reward_source": sig.get("reward_source"), "hint": sig.get("hint"),
+            "signal": sig["status"]}
+
+
+def run_arm(arm: dict, user: SimulatedUser, budget: Budget, home: Path, model: Path | None,
+            shared_cache: Path, save: Callable[[], object]) -> dict:
+    """Fill `arm` (user, method, seed set) in place; `save()` after each measurement, so a
+    run cut short (time cap, SIGTERM) still has every point it measured on disk."""
+    method, seed = arm["method"], arm["seed"]
+    tag = f"[{user.name} {method} seed {seed}]"
+    t0 = time.perf_counter()
+    home.mkdir(parents=True)
+    (home / "cache").symlink_to(shared_cache)  # dequantized weights and the BLAS shim, built once
+    arm.update(curve=[], rounds=[], sessions=[], stopped=None, home=str(home))
+    tasks = user.session_tasks(budget.max_sessions, seed)
+    with Daemon(home, daemon_settings(method, budget), model=model) as d:
+        arm["curve"].append(measure(d, user, budget, 0))
+        _say(f"{tag} before: greedy {arm['curve'][0]['greedy']:.0%}, sampled {arm['curve'][0]['sampled']:.0%}")
+        save()
+        steps = 0
+        while steps < budget.steps:
+            if budget.arm_minutes and time.perf_counter() - t0 > budget.arm_minutes * 60:
+                arm["stopped"] = f"arm time cap ({budget.arm_minutes:g} min) after {steps} steps"
+                break
+            result, new_ready = None, 0
+            while result is None:
+                if len(arm["sessions"]) >= budget.max_sessions:
+                    arm["stopped"] = f"{budget.max_sessions} sessions without enough signals to train"
+                    break
+                s = converse(d, user, tasks[len(arm["sessions"])], len(arm["sessions"]), seed, budget)
+                arm["sessions"].append(s)
+                _say(f"{tag} session {s['index'] + 1}: {'pass' if s['passed'] else 'FAIL'} "
+                     f"{s['response'].strip()[:60]!r} -> {s['reply'][:40]!r}{' +' + s['thumbs'] if s['thumbs'] else ''}"
+                     f" | reward {s['reward']} ({s['reward_source']}), hint {'yes' if s['hint'] else 'no'}")
+                new_ready += s["signal"] == "ready"
+                if new_ready >= budget.batch:  # refused runs leave untrained signals: count new ones
+                    t_run = time.perf_counter()
+                    result = d.train()
+            if result is None:
+                break
+            detail = d.get(f"/clawd/adapters/{result['adapter_id']}") if result.get("adapter_id") else {}
+            metrics = detail.get("metrics") or {}
+            run = {**result, "seconds": time.perf_counter() - t_run, "steps": metrics.get("steps", 0),
+                   "samples": metrics.get("samples"), "final": metrics.get("final"),
+                   "after_sessions": len(arm["sessions"])}
+            arm["rounds"].append(run)
+            if "error" in result and not result.get("gate"):
+                arm["stopped"] = f"training failed: {result['error']}"
+                _say(f"{tag} {arm['stopped']}")
+                break
+            steps += run["steps"] or budget.epochs
+            gate = result.get("gate") or {}
+            verdict = "promoted" if result.get("promoted") else f"REFUSED: {result.get('note') or result.get('error')}"
+            _say(f"{tag} run {len(arm['rounds'])}: {run['samples']} samples, {run['steps']} steps "
+                 f"({run['seconds']:.0f} s); gate gain {gate.get('gain')}, KL to base {gate.get('kl_to_base')} -> "
+                 f"{verdict}")
+            if result.get("promoted"):
+                point = measure(d, user, budget, steps)
+            else:  # the active adapter did not change: neither did its answers
+                point = {**arm["curve"][-1], "step": steps}
+            point["adapter"] = result.get("adapter_id") if result.get("promoted") else arm["curve"][-1].get("adapter")
+            arm["curve"].append(point)
+            save()
+            _say(f"{tag} after {steps} steps: greedy {point['greedy']:.0%}, sampled {point['sampled']:.0%}")
+    arm["wall_s"] = time.perf_counter() - t0
+    return arm
+
+
+def _embedded_model(work: Path) -> Path:
+    from clawd.models import ensure_embedded_model
+    from clawd.paths import ensure_dirs, resolve_paths
+
+    paths = resolve_paths({"CLAWD_HOME": str(work / "model-home")})
+    ensure_dirs(paths)
+    return ensure_embedded_model(paths)
+
+
+def _names(value: str) -> list[str]:
+    return [v.strip() for v in value.split(",") if v.strip()]
+
+
+def _settings(pairs: list[str]) -> dict[str, str]:
+    out = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.startswith("CLAWD_"):
+            raise ConfigError(f"--set wants CLAWD_SECTION_FIELD=VALUE, got {pair!r}")
+        out[key] = value
+    return out
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="clawd bench learning", description=__doc__.splitlines()[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--users", default="terse,detailed,plain,signoff",
+                   help=f"comma list: shipped users ({', '.join(shipped_users())}) or paths to user .toml files")
+    p.add_argument("--methods", default="hybrid,rl,opd", help=f"comma list of {', '.join(METHODS)}")
+    p.add_argument("--seeds", default="0", help="comma list of integer seeds")
+    b = Budget()
+    p.add_argument("--steps", type=int, default=b.steps, help="optimizer steps per arm")
+    p.add_argument("--batch", type=int, default=b.batch, help="new ready signals per training run")
+    p.add_argument("--epochs", type=int, default=b.epochs, help="passes over each batch (= optimizer steps per run)")
+    p.add_argument("--eval-prompts", type=int, default=b.eval_prompts, help="held-out first messages per measurement")
+    p.add_argument("--max-tokens", type=int, default=b.max_tokens, help="max tokens per answer")
+    p.add_argument("--lr", type=float, default=b.learning_rate, help="training.learning_rate")
+    p.add_argument("--kl-bound", type=float, default=b.kl_bound, help="training.kl_bound (the eval gate's bound)")
+    p.add_argument("--holdout", type=float, default=b.holdout, help="training.holdout: share of signals the gate "
+                   "judges on, never trained on (0 = the gate judges on the training signals)")
+    p.add_argument("--temperature", type=float, default=b.temperature, help="sampling temperature of sessions and "
+                   "the sampled measurement")
+    p.add_argument("--arm-minutes", type=float, default=0.0, help="wall-clock cap per arm; 0 = none")
+    p.add_argument("--set", action="append", default=[], metavar="CLAWD_X_Y=V",
+                   help="any other daemon setting, e.g. CLAWD_TRAINING_RANK=8 (repeatable)")
+    p.add_argument("--model", type=Path, help="GGUF to serve (default: the embedded Gemma 3 270M)")
+    p.add_argument("--out", type=Path, help="results directory (default: bench-results/learning-<time>)")
+    p.add_argument("--keep", action="store_true", help="keep the daemons' homes (databases, adapters, logs)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    # `timeout` and service managers send SIGTERM: unwind, so each daemon is stopped and
+    # what was measured so far is written.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    try:
+        return _run(args, list(sys.argv[1:] if argv is None else argv))
+    except ClawdError as e:
+        print(f"clawd bench learning: error: {e.message}", file=sys.stderr)
+        return 1
+
+
+def _run(args, argv: list[str]) -> int:
+    users = [resolve_user(u) for u in _names(args.users)]
+    methods = _names(args.methods)
+    unknown = [m for m in methods if m not in METHODS]
+    if unknown or not methods:
+        raise ConfigError(f"unknown method(s) {unknown}; choose from {', '.join(METHODS)}")
+    try:
+        seeds = [int(s) for s in _names(args.seeds)]
+    except ValueError:
+        raise ConfigError(f"--seeds wants integers, got {args.seeds!r}") from None
+    if min(args.steps, args.batch, args.epochs, args.eval_prompts, args.max_tokens) < 1:
+        raise ConfigError("--steps, --batch, --epochs, --eval-prompts and --max-tokens must be at least 1")
+    budget = Budget(steps=args.steps, batch=args.batch, epochs=args.epochs, eval_prompts=args.eval_prompts,
+                    max_tokens=args.max_tokens, learning_rate=args.lr, kl_bound=args.kl_bound,
+                    holdout=args.holdout, temperature=args.temperature, arm_minutes=args.arm_minutes,
+                    extra=_settings(args.set))
+    out = args.out or Path("bench-results") / time.strftime("learning-%Y%m%d-%H%M%S")
+    out.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="clawd-bench-learning-"))
+    command = "clawd bench learning " + shlex.join(argv)
+    results = {"config": {**asdict(budget), "users": [u.name for u in users],
+                          "user_files": [str(u.path) for u in users], "methods": methods, "seeds": seeds,
+                          "eval_temperature": budget.temperature, "command": command},
+               "arms": []}
+    t0 = time.perf_counter()
+    _say(f"clawd bench learning: {len(users)} user(s) x {len(methods)} method(s) x {len(seeds)} seed(s), "
+         f"{budget.steps} steps of {budget.batch} signals; work dir {work}")
+    try:
+        model = args.model or _embedded_model(work)
+        shared_cache = work / "shared-cache"
+        shared_cache.mkdir()
+        for user in users:
+            for seed in seeds:
+                for method in methods:
+                    home = work / f"{user.name}-{method}-seed{seed}"
+                    arm = {"user": user.name, "method": method, "seed": seed}
+                    results["arms"].append(arm)
+                    run_arm(arm, user, budget, home, model, shared_cache,
+                            save=lambda: _write(results, out, elapsed=time.perf_counter() - t0))
+    except BaseException as e:  # a failed daemon, Ctrl-C, SIGTERM: keep what was measured, say why it stopped
+        results["error"] = getattr(e, "message", None) or f"{type(e).__name__} {e}".strip()
+        _write(results, out, elapsed=time.perf_counter() - t0)
+        raise
+    finally:
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+    note = _write(results, out, elapsed=time.perf_counter() - t0)
+    _say("")
+    _say(report.markdown(results))
+    _say(f"wall time {results['wall_s']:.0f} s; results in {out}/ (results.json, results.md"
+         f"{', compliance.png' if note is None else ''}){'; ' + note if note else ''}")
+    return 0
+
+
+def _write(results: dict, out: Path, elapsed: float | None = None) -> str | None:
+    if elapsed is not None:
+        results["wall_s"] = elapsed
+    (out / "results.json").write_text(json.dumps(results, indent=1, default=str))
+    arms = [a for a in results["arms"] if a.get("curve")]
+    if not arms:
+        return None
+    results = {**results, "arms": arms}
+    cfg = results["config"]
+    (out / "results.md").write_text(report.markdown(results) + f"\nCommand: `{cfg['command']}`; wall time "
+                                    f"{results.get('wall_s', 0):.0f} s.\n")
+    return report.plot(results, out / "compliance.png")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,200 @@
+"""Simulated users for the learning benchmark: a TOML file each.
+
+Boundary: loads and validates user files, and turns a response into what the user does
+next — the deterministic preference detector decides pass/fail, and the user answers with a
+natural-language correction (never naming the detector) or an approval, sometimes plus a
+thumb. No HTTP here; clawd/bench/learning.py does the talking.
+
+A user file (see clawd/bench/users/*.toml):
+
+    name = "terse"
+    about = "one line for the report"
+    thumbs = 0.25            # chance of also clicking thumbs up / down after replying
+    tasks = ["...", ...]     # first messages of training sessions (cycled, shuffled per seed)
+    held_out = ["...", ...]  # first messages used only to measure compliance
+
+    [preference]             # every check must pass
+    checks = [{ kind = "max_words", limit = 15 }]
+
+    [reactions]
+    corrections = ["...", ...]  # said when a check fails
+    approvals = ["...", ...]    # said when all pass
+"""
+
+from __future__ import annotations
+
+import random
+import re
+import tomllib
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from clawd.errors import ConfigError
+
+SHIPPED_DIR = Path(__file__).resolve().parent / "users"
+
+_BOLD = re.compile(r"\*\*[^*\n]+\*\*|__[^_\n]+__")
+_LIST_LINE = re.compile(r"(?m)^\s*([-*+•]|\d+[.)])\s+\S")
+_HEADING = re.compile(r"(?m)^\s*#{1,6}\s")
+_TRAILING = re.compile(r"[\s.!?,;:)\"'*_~-]+$")
+
+
+def _words(text: str) -> list[str]:
+    return re.findall(r"[^\W_]+(?:['’][^\W_]+)*", text)
+
+
+# Each detector: (params) -> (text -> passed). Parameters are checked when the file loads.
+def _max_words(limit: int) -> Callable[[str], bool]:
+    return lambda text: len(_words(text)) <= limit
+
+
+def _min_words(limit: int) -> Callable[[str], bool]:
+    return lambda text: len(_words(text)) >= limit
+
+
+def _no_markdown() -> Callable[[str], bool]:
+    return lambda text: not (_BOLD.search(text) or _LIST_LINE.search(text) or _HEADING.search(text))
+
+
+def _ends_with(phrases: list[str]) -> Callable[[str], bool]:
+    wanted = [p.lower() for p in phrases]
+    return lambda text: any(_TRAILING.sub("", text.strip().lower()).endswith(p) for p in wanted)
+
+
+def _no_exclamation() -> Callable[[str], bool]:
+    return lambda text: "!" not in text
+
+
+def _lowercase() -> Callable[[str], bool]:
+    return lambda text: text == text.lower()
+
+
+DETECTORS: dict[str, tuple[Callable[..., Callable[[str], bool]], dict[str, type]]] = {
+    "max_words": (_max_words, {"limit": int}),
+    "min_words": (_min_words, {"limit": int}),
+    "no_markdown": (_no_markdown, {}),
+    "ends_with": (_ends_with, {"phrases": list}),
+    "no_exclamation": (_no_exclamation, {}),
+    "lowercase": (_lowercase, {}),
+}
+
+
+@dataclass(frozen=True)
+class Reaction:
+    text: str  # the user's next message
+    thumbs: str | None  # "up" | "down" | None
+
+
+@dataclass(frozen=True)
+class SimulatedUser:
+    name: str
+    about: str
+    tasks: tuple[str, ...]
+    held_out: tuple[str, ...]
+    checks: tuple[tuple[str, Callable[[str], bool]], ...]
+    corrections: tuple[str, ...]
+    approvals: tuple[str, ...]
+    thumbs: float
+    path: Path | None = None
+
+    def complies(self, response: str) -> bool:
+        """True when the response satisfies every check. An empty answer never complies:
+        "say nothing" would otherwise satisfy a word limit or a no-lists rule."""
+        if not _words(response):
+            return False
+        return all(check(response) for _, check in self.checks)
+
+    def react(self, response: str, rng: random.Random) -> Reaction:
+        passed = self.complies(response)
+        text = rng.choice(self.approvals if passed else self.corrections)
+        thumbs = ("up" if passed else "down") if rng.random() < self.thumbs else None
+        return Reaction(text, thumbs)
+
+    def session_tasks(self, n: int, seed: int) -> list[str]:
+        """The first messages of n training sessions: the pool shuffled per seed, cycled."""
+        order = list(self.tasks)
+        random.Random(f"{self.name}:{seed}").shuffle(order)
+        return [order[i % len(order)] for i in range(n)]
+
+
+def _fail(path: Path | str, msg: str) -> ConfigError:
+    return ConfigError(f"simulated user {path}: {msg}")
+
+
+def _strings(data: dict, key: str, path, *, minimum: int = 1) -> tuple[str, ...]:
+    value = data.get(key)
+    if not isinstance(value, list) or len(value) < minimum or not all(isinstance(v, str) and v.strip() for v in value):
+        raise _fail(path, f"`{key}` must be a list of at least {minimum} non-empty strings")
+    return tuple(v.strip() for v in value)
+
+
+def _check(spec, path) -> tuple[str, Callable[[str], bool]]:
+    if not isinstance(spec, dict) or "kind" not in spec:
+        raise _fail(path, f"each preference check needs a `kind`, got {spec!r}")
+    kind = spec["kind"]
+    if kind not in DETECTORS:
+        raise _fail(path, f"unknown check kind {kind!r}; known: {', '.join(sorted(DETECTORS))}")
+    make, params = DETECTORS[kind]
+    extra = set(spec) - {"kind"} - set(params)
+    if extra:
+        takes = ", ".join(params) or "nothing"
+        raise _fail(path, f"check {kind!r} takes no {', '.join(sorted(extra))} (takes: {takes})")
+    args = {}
+    for name, typ in params.items():
+        if not isinstance(spec.get(name), typ) or isinstance(spec.get(name), bool):
+            raise _fail(path, f"check {kind!r} needs `{name}` ({typ.__name__})")
+        args[name] = spec[name]
+    if kind in ("max_words", "min_words") and args["limit"] < 1:
+        raise _fail(path, f"{kind} needs limit >= 1")
+    if kind == "ends_with" and not all(isinstance(p, str) and p.strip() for p in args["phrases"]):
+        raise _fail(path, "ends_with needs non-empty phrases")
+    return kind, make(**args)
+
+
+def parse_user(data: dict, path: Path | str = "<memory>") -> SimulatedUser:
+    name = data.get("name")
+    if not isinstance(name, str) or not re.fullmatch(r"[a-z0-9][a-z0-9_-]*", name):
+        raise _fail(path, "`name` must be a short lowercase id (letters, digits, - and _)")
+    pref, reactions = data.get("preference"), data.get("reactions")
+    if not isinstance(pref, dict) or not isinstance(pref.get("checks"), list) or not pref["checks"]:
+        raise _fail(path, "[preference] needs `checks`, a non-empty list of {kind = ...}")
+    if not isinstance(reactions, dict):
+        raise _fail(path, "[reactions] with `corrections` and `approvals` is missing")
+    thumbs = data.get("thumbs", 0.0)
+    if not isinstance(thumbs, (int, float)) or isinstance(thumbs, bool) or not 0 <= thumbs <= 1:
+        raise _fail(path, "`thumbs` must be a probability between 0 and 1")
+    tasks, held_out = _strings(data, "tasks", path), _strings(data, "held_out", path)
+    if set(tasks) & set(held_out):
+        raise _fail(path, "held_out first messages must not also be training tasks")
+    return SimulatedUser(
+        name=name, about=str(data.get("about", "")), tasks=tasks, held_out=held_out,
+        checks=tuple(_check(c, path) for c in pref["checks"]),
+        # several wordings, so the model cannot learn one sentence instead of the preference
+        corrections=_strings(reactions, "corrections", path, minimum=2),
+        approvals=_strings(reactions, "approvals", path), thumbs=float(thumbs), path=Path(path))
+
+
+def load_user(path: Path | str) -> SimulatedUser:
+    path = Path(path)
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except OSError as e:
+        raise _fail(path, f"cannot read it: {e.strerror}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise _fail(path, f"not valid TOML: {e}") from None
+    return parse_user(data, path)
+
+
+def shipped_users() -> dict[str, Path]:
+    return {p.stem: p for p in sorted(SHIPPED_DIR.glob("*.toml"))}
+
+
+def resolve_user(ref: str) -> SimulatedUser:
+    """A shipped user's name, or a path to any user file."""
+    shipped = shipped_users()
+    if ref in shipped:
+        return load_user(shipped[ref])
+    if ref.endswith(".toml") or "/" in ref:
+        return load_user(ref)
+    raise ConfigError(f"no simulated user {ref!r}: use one of {', '.join(shipped)} or a path to a .toml file")

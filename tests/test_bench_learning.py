@@ -1,0 +1,44 @@
+"""The learning benchmark end to end on the real embedded 270M model (slow): one user, one
+method, two optimizer steps, a tiny budget — so the harness cannot rot. It must drive a real
+daemon through sessions, mining, a training run and the gate, and write its three outputs."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import ROOT, make_env
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_short_learning_run_writes_json_table_and_plot(tmp_path):
+    out = tmp_path / "out"
+    proc = subprocess.run(
+        [sys.executable, "benchmarks/learning.py", "--users", "terse", "--methods", "hybrid", "--seeds", "0",
+         "--steps", "2", "--batch", "2", "--epochs", "2", "--eval-prompts", "2", "--max-tokens", "16",
+         "--out", str(out)],
+        cwd=ROOT, env=make_env(tmp_path / "unused-home"), capture_output=True, text=True, timeout=850)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    r = json.loads((out / "results.json").read_text())
+    (arm,) = r["arms"]
+    assert (arm["user"], arm["method"], arm["stopped"]) == ("terse", "hybrid", None)
+    # Compliance before and after the one run (2 epochs = 2 optimizer steps), on 2 held-out prompts.
+    assert [p["step"] for p in arm["curve"]] == [0, 2]
+    assert all(len(p["answers"]) == 2 and 0 <= p["greedy"] <= 1 and 0 <= p["sampled"] <= 1 for p in arm["curve"])
+    # Every session became a mined signal; the sessions the detector failed carry the user's hint.
+    assert len(arm["sessions"]) >= 2 and all(s["signal"] in ("ready", "empty") for s in arm["sessions"])
+    for s in arm["sessions"]:
+        assert s["reward"] == (1 if s["passed"] else -1), s
+        assert bool(s["hint"]) == (not s["passed"]), s
+    (run,) = arm["rounds"]
+    assert run["steps"] == 2 and run["gate"]["kl_to_base"] >= 0 and "promoted" in run
+    table = (out / "results.md").read_text()
+    assert "| terse | hybrid | 1 |" in table and "Command: `clawd bench learning" in table
+    if importlib.util.find_spec("matplotlib") is None:
+        return  # the plot is optional (the bench extra)
+    assert (out / "compliance.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

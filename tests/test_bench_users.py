@@ -1,0 +1,191 @@
+"""Simulated users of the learning benchmark (clawd/bench): the preference detectors, the TOML
+loader and its errors, reactions, and that every shipped user's corrections are understood by
+the rules judge the benchmark mines with — each must score −1 and become its own hint,
+unchanged in meaning — while every approval scores +1. Plus the report's arithmetic."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from clawd.bench import report
+from clawd.bench.users import load_user, parse_user, resolve_user, shipped_users
+from clawd.errors import ConfigError
+from clawd.judge import JudgeInput, RulesJudge
+
+
+def user_with(checks: list[dict], **over) -> object:
+    data = {"name": "u", "tasks": ["Say hi."], "held_out": ["Say bye."], "preference": {"checks": checks},
+            "reactions": {"corrections": ["Too long.", "Shorter please."], "approvals": ["Thanks."]}}
+    data.update(over)
+    return parse_user(data)
+
+
+DETECTOR_CASES = [
+    ({"kind": "max_words", "limit": 5}, "The capital is Paris.", True),
+    ({"kind": "max_words", "limit": 5}, "The capital of France is Paris.", False),
+    ({"kind": "max_words", "limit": 3}, "It's Paris, ok?", True),  # contractions are one word
+    ({"kind": "min_words", "limit": 4}, "Plants grow by photosynthesis.", True),
+    ({"kind": "min_words", "limit": 5}, "Plants grow by photosynthesis.", False),
+    ({"kind": "no_markdown"}, "Sleep early and avoid screens before bed.", True),
+    ({"kind": "no_markdown"}, "Tips:\n- sleep early\n- no screens", False),
+    ({"kind": "no_markdown"}, "Steps:\n1. boil water\n2. add tea", False),
+    ({"kind": "no_markdown"}, "This is **important**.", False),
+    ({"kind": "no_markdown"}, "## Heading\ntext", False),
+    ({"kind": "no_markdown"}, "Costs 5 - 10 dollars, 2*3 = 6.", True),  # a dash or star inside a line is prose
+    ({"kind": "ends_with", "phrases": ["cheers"]}, "Paris is the capital. Cheers!", True),
+    ({"kind": "ends_with", "phrases": ["cheers"]}, "Paris is the capital.\n\nCheers,", True),
+    ({"kind": "ends_with", "phrases": ["cheers"]}, "Cheers! Paris is the capital.", False),
+    ({"kind": "no_exclamation"}, "Happy birthday.", True),
+    ({"kind": "no_exclamation"}, "Happy birthday!", False),
+    ({"kind": "lowercase"}, "paris is the capital.", True),
+    ({"kind": "lowercase"}, "Paris is the capital.", False),
+]
+
+
+@pytest.mark.parametrize("check,text,ok", DETECTOR_CASES)
+def test_detectors(check, text, ok):
+    assert user_with([check]).complies(text) is ok
+
+
+@pytest.mark.parametrize("text", ["", "   ", "\n", "..."])
+def test_an_empty_answer_never_complies(text):
+    # Otherwise "say nothing" would satisfy a word limit or a no-lists rule.
+    assert not user_with([{"kind": "max_words", "limit": 5}]).complies(text)
+    assert not user_with([{"kind": "no_markdown"}]).complies(text)
+
+
+def test_all_checks_must_pass():
+    u = user_with([{"kind": "max_words", "limit": 5}, {"kind": "no_exclamation"}])
+    assert u.complies("Paris.") and not u.complies("Paris!") and not u.complies("one two three four five six")
+
+
+LOADER_ERRORS = [
+    ({"name": "Bad Name"}, "short lowercase id"),
+    ({"preference": {"checks": []}}, "checks"),
+    ({"preference": {"checks": [{"kind": "haiku"}]}}, "unknown check kind 'haiku'"),
+    ({"preference": {"checks": [{"kind": "max_words"}]}}, "needs `limit`"),
+    ({"preference": {"checks": [{"kind": "max_words", "limit": "ten"}]}}, "needs `limit`"),
+    ({"preference": {"checks": [{"kind": "max_words", "limit": 0}]}}, "limit >= 1"),
+    ({"preference": {"checks": [{"kind": "no_markdown", "strict": True}]}}, "takes no strict"),
+    ({"reactions": {"corrections": ["only one wording"], "approvals": ["Thanks."]}}, "at least 2"),
+    ({"reactions": {"corrections": ["Too long.", "Shorter."]}}, "approvals"),
+    ({"tasks": []}, "`tasks`"),
+    ({"held_out": ["Say hi."]}, "must not also be training tasks"),
+    ({"thumbs": 1.5}, "probability"),
+]
+
+
+@pytest.mark.parametrize("override,message", LOADER_ERRORS)
+def test_loader_rejects_bad_files_with_a_message_that_says_what_to_fix(override, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace("*", r"\*")):
+        user_with([{"kind": "no_exclamation"}], **override)
+
+
+def test_loader_reads_any_user_file_from_a_path(tmp_path):
+    f = tmp_path / "pirate.toml"
+    f.write_text('name = "pirate"\nthumbs = 0.5\ntasks = ["Say hi."]\nheld_out = ["Say bye."]\n'
+                 '[preference]\nchecks = [{ kind = "ends_with", phrases = ["arr"] }]\n'
+                 '[reactions]\ncorrections = ["You forgot the arr.", "It should end with arr."]\n'
+                 'approvals = ["Thanks, matey."]\n')
+    u = resolve_user(str(f))
+    assert u.name == "pirate" and u.complies("Ahoy, arr!") and not u.complies("Ahoy.")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        (tmp_path / "bad.toml").write_text("name = ")
+        load_user(tmp_path / "bad.toml")
+    with pytest.raises(ConfigError, match="no simulated user 'nobody'"):
+        resolve_user("nobody")
+
+
+def test_reactions_follow_the_detector_and_are_reproducible():
+    u = user_with([{"kind": "max_words", "limit": 3}], thumbs=0.5)
+    fails = [u.react("far too many words in this answer", random.Random(i)) for i in range(40)]
+    passes = [u.react("Paris.", random.Random(i)) for i in range(40)]
+    assert {r.text for r in fails} == set(u.corrections) and {r.text for r in passes} == set(u.approvals)
+    assert {r.thumbs for r in fails} == {"down", None} and {r.thumbs for r in passes} == {"up", None}
+    assert [u.react("x y z w", random.Random(7)) for _ in range(2)] == [u.react("x y z w", random.Random(7))] * 2
+    assert u.session_tasks(3, seed=1) == u.session_tasks(3, seed=1) == ["Say hi."] * 3
+
+
+SHIPPED = sorted(shipped_users())
+
+
+def test_at_least_four_users_ship():
+    assert len(SHIPPED) >= 4
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_shipped_user_replies_are_understood_by_the_rules_judge(name):
+    u = load_user(shipped_users()[name])
+    judge = RulesJudge()
+    for text in u.corrections:
+        inp = JudgeInput([{"role": "user", "content": u.tasks[0]}], "Some answer.", text, "user")
+        verdict, hint = judge.evaluate(inp), judge.correction(inp)
+        assert verdict is not None and verdict.score == -1, text
+        # The hint is the user's own sentence: a cut lead-in ("No bullet points…" -> "Bullet
+        # points…") would invert its meaning for the teacher.
+        assert hint is not None and hint.lower().rstrip(".") == text.lower().rstrip("."), (text, hint)
+    for text in u.approvals:
+        inp = JudgeInput([{"role": "user", "content": u.tasks[0]}], "Some answer.", text, "user")
+        verdict = judge.evaluate(inp)
+        assert verdict is not None and verdict.score == 1, text
+
+
+@pytest.mark.parametrize("passed,expected", [
+    ([], None), ([True, True], None), ([True, True, True], 3), ([False, True, True, True], 4),
+    ([True, True, False, True, True, False, True, True, True, True], 9), ([False] * 10, None),
+])
+def test_sessions_to_criterion(passed, expected):
+    assert report.sessions_to_criterion(passed) == expected
+
+
+def test_compliance_at_reads_the_adapter_live_at_that_step():
+    curve = [{"step": 0, "greedy": 0.1}, {"step": 2, "greedy": 0.3}, {"step": 4, "greedy": 0.5},
+             {"step": 6, "greedy": 0.9}]
+    assert report.compliance_at(curve, 4, "greedy") == 0.5
+    assert report.compliance_at(curve, 5, "greedy") == 0.5  # step 5 happened inside the run that ended at 6
+    assert report.compliance_at(curve, 8, "greedy") is None  # never got there
+
+
+def test_markdown_table_means_over_seeds():
+    def arm(seed, after):
+        return {"user": "terse", "method": "hybrid", "seed": seed,
+                "curve": [{"step": 0, "greedy": 0.0, "sampled": 0.0}, {"step": 4, "greedy": after, "sampled": after}],
+                "rounds": [{"promoted": True, "gate": {"kl_to_base": 0.1}},
+                           {"promoted": False, "gate": {"kl_to_base": 0.9}}],
+                "sessions": [{"passed": p} for p in (False, True, True, True)]}
+    results = {"config": {"eval_temperature": 0.7, "kl_bound": 0.5}, "arms": [arm(0, 0.5), arm(1, 1.0)]}
+    row = report.markdown(results).splitlines()[-1]
+    assert row.startswith("| terse | hybrid | 2 | 0% / 0% | 75% / 75% | – / – |"), row
+    assert "| 4.0 |" in row and "0.100 (0.5)" in row and "1.0 of 2.0" in row
+
+
+@pytest.mark.parametrize("method,w_rl,w_opd", [("hybrid", 1.0, 1.0), ("rl", 1.0, 0.0), ("opd", 0.0, 1.0)])
+def test_each_method_is_only_a_loss_weight_and_the_daemon_reads_it(tmp_path, method, w_rl, w_opd):
+    from clawd.bench.learning import Budget, daemon_settings
+    from clawd.config import load_settings
+
+    budget = Budget(batch=3, epochs=2, learning_rate=3e-4, kl_bound=0.7, holdout=0.0)
+    s = load_settings(tmp_path / "config.toml", daemon_settings(method, budget))
+    t = s.training
+    assert (t.w_rl, t.w_opd) == (w_rl, w_opd)
+    assert (t.auto, t.min_signals, t.epochs, t.learning_rate, t.kl_bound, t.holdout) == (False, 3, 2, 3e-4, 0.7, 0.0)
+    assert t.batch_size >= 1000  # one run = one batch, whatever the number of signals waiting
+    assert s.mining.judge == s.mining.hint_judge == "rules"
+
+
+def test_a_run_cut_short_still_writes_what_it_measured(tmp_path):
+    from clawd.bench.learning import _write
+
+    measured = {"user": "terse", "method": "rl", "seed": 0, "curve": [{"step": 0, "greedy": 0.5, "sampled": 0.25}],
+                "rounds": [], "sessions": []}
+    started = {"user": "terse", "method": "opd", "seed": 0}  # killed before its first measurement
+    results = {"config": {"eval_temperature": 0.7, "kl_bound": 0.5, "command": "clawd bench learning"},
+               "arms": [measured, started]}
+    _write(results, tmp_path, elapsed=12.0)
+    table = (tmp_path / "results.md").read_text()
+    assert "| terse | rl | 1 | 50% / 25% | – / – |" in table and "| opd |" not in table
+    assert "wall time 12 s" in table
+    assert len(json.loads((tmp_path / "results.json").read_text())["arms"]) == 2
