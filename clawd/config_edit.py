@@ -146,25 +146,27 @@ def set_table_keys(config_file: Path, table: str, changes: Mapping[str, str | No
         # E.g. the keys were set as dotted keys (model.path = ...) or in an inline table.
         pairs = ", ".join(f"{k} = {_toml_value(v)}" if v is not None else f"remove {k}" for k, v in changes.items())
         raise ConfigError(f"{config_file}: cannot edit [{table}] safely; change it by hand: {pairs}")
-    _write_atomic(config_file, new_text)
+    try:
+        write_text_atomic(config_file, new_text)
+    except OSError as e:
+        raise ConfigError(f"cannot write {config_file}: {e.strerror or e}; nothing was changed") from e
     return True
 
 
-def _write_atomic(path: Path, text: str) -> None:
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write `text` to `path` through a temp file in the same dir and a rename, keeping the
+    file's mode: a crash mid-write leaves the old file or the new one, never half. OSError out."""
     mode = path.stat().st_mode & 0o777 if path.exists() else 0o644
-    tmp = None
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}-", suffix=path.suffix, dir=path.parent)
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".config-", suffix=".toml", dir=path.parent)
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(text)
             fh.flush()
             os.fsync(fh.fileno())
         os.chmod(tmp, mode)
         os.replace(tmp, path)
-        tmp = None
-    except OSError as e:
-        raise ConfigError(f"cannot write {path}: {e.strerror or e}; nothing was changed") from e
-    finally:
-        if tmp is not None and os.path.exists(tmp):
+    except BaseException:
+        if os.path.exists(tmp):
             os.remove(tmp)
+        raise

@@ -17,13 +17,13 @@ import os
 import re
 import shutil
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from clawd.config import SPECS, Settings, env_var
+from clawd.config_edit import write_text_atomic
 from clawd.errors import ClawdError
 from clawd.models import EMBEDDED_ID, EMBEDDED_SIZE, embedded_model_path, resolve_model
 from clawd.paths import Paths
@@ -69,19 +69,10 @@ def save_registry(paths: Paths, entries: Mapping[str, ModelEntry]) -> None:
     f = registry_file(paths)
     text = json.dumps({"version": REGISTRY_VERSION,
                        "models": [asdict(e) for e in sorted(entries.values(), key=lambda e: e.name)]}, indent=1)
-    tmp = None
     try:
-        f.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".models-", suffix=".json", dir=f.parent)
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text + "\n")
-        os.replace(tmp, f)  # a crash mid-write never leaves half a registry
-        tmp = None
+        write_text_atomic(f, text + "\n")  # a crash mid-write never leaves half a registry
     except OSError as e:
         raise ClawdError(f"cannot write {f} ({e.strerror or e}): check the disk and CLAWD_HOME") from e
-    finally:
-        if tmp is not None and os.path.exists(tmp):
-            os.remove(tmp)
 
 
 # ---- what a path holds -------------------------------------------------------------------
