@@ -75,6 +75,28 @@ def check_gguf_file(path: Path, what: str = "model") -> None:
         )
 
 
+
+def vocab_tokenize(lc, vocab, text: str, *, add_bos: bool, special: bool) -> list[int]:
+    """llama.cpp's tokenizer on `text` (a second call when the first buffer was too small)."""
+    data = text.encode("utf-8")
+    cap = len(data) + 8
+    arr = (lc.llama_token * cap)()
+    n = lc.llama_tokenize(vocab, data, len(data), arr, cap, add_bos, special)
+    if n < 0:
+        cap = -n
+        arr = (lc.llama_token * cap)()
+        n = lc.llama_tokenize(vocab, data, len(data), arr, cap, add_bos, special)
+    return list(arr[:n])
+
+
+def vocab_piece(lc, vocab, tok: int, buf, *, special: bool) -> bytes:
+    """A token's bytes, into the reusable `buf` (a larger one when it does not fit)."""
+    n = lc.llama_token_to_piece(vocab, tok, buf, len(buf), 0, special)
+    if n < 0:
+        buf = ctypes.create_string_buffer(-n)
+        n = lc.llama_token_to_piece(vocab, tok, buf, len(buf), 0, special)
+    return buf.raw[:n]
+
 class Engine(base.Engine):
     name = "llamacpp"
 
@@ -187,25 +209,10 @@ class Engine(base.Engine):
     # ---- text <-> tokens -----------------------------------------------------------
 
     def tokenize(self, text: str, *, add_bos: bool, special: bool = True) -> list[int]:
-        lc = self._lc
-        data = text.encode("utf-8")
-        cap = len(data) + 8
-        arr = (lc.llama_token * cap)()
-        n = lc.llama_tokenize(self._vocab, data, len(data), arr, cap, add_bos, special)
-        if n < 0:
-            cap = -n
-            arr = (lc.llama_token * cap)()
-            n = lc.llama_tokenize(self._vocab, data, len(data), arr, cap, add_bos, special)
-        return list(arr[:n])
+        return vocab_tokenize(self._lc, self._vocab, text, add_bos=add_bos, special=special)
 
     def _piece(self, tok: int, *, special: bool = False) -> bytes:
-        lc = self._lc
-        n = lc.llama_token_to_piece(self._vocab, tok, self._piece_buf, len(self._piece_buf), 0, special)
-        if n < 0:
-            buf = ctypes.create_string_buffer(-n)
-            n = lc.llama_token_to_piece(self._vocab, tok, buf, len(buf), 0, special)
-            return buf.raw[:n]
-        return self._piece_buf.raw[:n]
+        return vocab_piece(self._lc, self._vocab, tok, self._piece_buf, special=special)
 
     def detokenize(self, ids: Sequence[int]) -> str:
         return b"".join(self._piece(t, special=True) for t in ids).decode("utf-8", "replace")

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Protocol
 
+from clawd.engines.llamacpp import vocab_piece, vocab_tokenize
 from clawd.errors import ModelLoadError
 
 
@@ -75,25 +76,10 @@ class GGUFVocab:
         return "" if tok < 0 else self._token_bytes(tok, special=True).decode("utf-8", "replace")
 
     def _token_bytes(self, tok: int, *, special: bool) -> bytes:
-        lc = self._lc
-        n = lc.llama_token_to_piece(self._vocab, tok, self._buf, len(self._buf), 0, special)
-        if n < 0:
-            buf = ctypes.create_string_buffer(-n)
-            n = lc.llama_token_to_piece(self._vocab, tok, buf, len(buf), 0, special)
-            return buf.raw[:n]
-        return self._buf.raw[:n]
+        return vocab_piece(self._lc, self._vocab, tok, self._buf, special=special)
 
     def encode(self, text: str, *, add_bos: bool, special: bool) -> list[int]:
-        lc = self._lc
-        data = text.encode("utf-8")
-        cap = len(data) + 8
-        arr = (lc.llama_token * cap)()
-        n = lc.llama_tokenize(self._vocab, data, len(data), arr, cap, add_bos, special)
-        if n < 0:
-            cap = -n
-            arr = (lc.llama_token * cap)()
-            n = lc.llama_tokenize(self._vocab, data, len(data), arr, cap, add_bos, special)
-        return list(arr[:n])
+        return vocab_tokenize(self._lc, self._vocab, text, add_bos=add_bos, special=special)
 
     def decode(self, ids: Sequence[int]) -> str:
         return b"".join(self._token_bytes(int(t), special=True) for t in ids).decode("utf-8", "replace")
