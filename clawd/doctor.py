@@ -2,9 +2,9 @@
 
 Boundary: read-only checks that each return one `Check` line (ok / warning / error,
 what was checked, the finding or the fix). Nothing here changes state: the database is
-opened read-only, the model is loaded in a child process (a model that crashes
-llama.cpp is then a finding, not a crashed doctor), and service state comes from
-clawd.service's status. `run_checks` takes paths and the environment as arguments.
+opened read-only, the configured engine loads the model in a child process (a model
+that crashes llama.cpp is then a finding, not a crashed doctor; only clawd's cache may
+fill, as `clawd serve` would fill it), and service state comes from clawd.service's status. `run_checks` takes paths and the environment as arguments.
 """
 
 from __future__ import annotations
@@ -208,22 +208,40 @@ def gguf_architecture(path: Path) -> str:
     return str(field.contents())
 
 
-def check_model(settings: Settings, paths: Paths) -> tuple[Check, Path | None]:
-    """Returns the check and the model file to probe (None: nothing to load)."""
-    from clawd import models
+ENGINE_LABEL = {"llamacpp": "llama.cpp", "mlx": "mlx", "openai": "upstream"}
 
-    if settings.model.engine == "fake":
+
+def check_model(settings: Settings, paths: Paths) -> tuple[Check, Path | None]:
+    """Returns the check and what the engine probe loads (None: nothing to load)."""
+    from clawd import models
+    from clawd.model_registry import inspect_model
+
+    engine = settings.model.engine
+    if engine == "fake":
         return ok("model", "fake engine (for tests): no model file"), None
     try:
         choice = models.resolve_model(settings.model, paths, prepare=False)
     except ClawdError as e:
         return error("model", e.message), None
-    if not choice.path.is_file():
+    if engine == "openai":
+        name = settings.model.name or "the upstream's only model"
+        return ok("model", f"served by the upstream at {settings.model.base_url} ({name})"), choice.path
+    if not choice.path.exists():
         if choice.embedded:
             return warning("model", f"embedded {choice.id} not unpacked yet: `clawd serve` unpacks it "
                                     f"on first start into {choice.path}"), None
         return error("model", f"{choice.path} does not exist: fix model.path in config.toml "
                               "(empty = the embedded model)"), None
+    if choice.path.is_dir():
+        if engine != "mlx":
+            return error("model", f"{choice.path} is a directory: llama.cpp serves GGUF files; set "
+                                  "model.engine = \"mlx\" to serve an MLX/HF model directory"), None
+        try:
+            _, arch, size = inspect_model(choice.path)
+        except ClawdError as e:
+            return error("model", e.message), None
+        return ok("model", f"{choice.id}: {choice.path} ({size / 1e6:.1f} MB, MLX/HF directory, "
+                           f"architecture {arch})"), choice.path
     size = choice.path.stat().st_size / 1e6
     try:
         arch = gguf_architecture(choice.path)
@@ -234,17 +252,19 @@ def check_model(settings: Settings, paths: Paths) -> tuple[Check, Path | None]:
 
 
 def check_engine(settings: Settings, model_path: Path | None, env: Mapping[str, str]) -> Check:
-    """Load the model with llama.cpp in a child process and generate one token."""
-    if settings.model.engine == "fake":
+    """Load the configured engine in a child process and generate one token."""
+    engine = settings.model.engine
+    if engine == "fake":
         return ok("engine", "fake engine: nothing to load")
     if model_path is None:
         return warning("engine", "not tested: no model file to load")
-    argv = [sys.executable, "-m", "clawd.doctor", "probe", str(model_path),
-            str(min(settings.model.n_ctx, PROBE_N_CTX)), str(settings.model.n_threads)]
+    label = ENGINE_LABEL.get(engine, engine)
+    what = settings.model.base_url if engine == "openai" else model_path.name
+    argv = [sys.executable, "-m", "clawd.doctor", "probe", str(min(settings.model.n_ctx, PROBE_N_CTX))]
     try:
         p = subprocess.run(argv, capture_output=True, text=True, timeout=PROBE_TIMEOUT_S, env=dict(env))
     except subprocess.TimeoutExpired:
-        return error("engine", f"loading {model_path.name} and generating 1 token took over "
+        return error("engine", f"{label}: loading {what} and generating 1 token took over "
                                f"{PROBE_TIMEOUT_S} s: the machine is overloaded or the model too large for it")
     lines = p.stdout.strip().splitlines()
     try:
@@ -252,30 +272,40 @@ def check_engine(settings: Settings, model_path: Path | None, env: Mapping[str, 
     except json.JSONDecodeError:
         out = {}
     if p.returncode == 0 and "load_s" in out:
-        return ok("engine", f"llama.cpp loaded {model_path.name} in {out['load_s']:.2f} s, prompt + 1 token "
-                            f"in {out['token_ms']:.1f} ms (ctx {out['n_ctx']}, {out['threads']} threads)")
+        threads = f", {out['threads']} threads" if engine == "llamacpp" else ""
+        return ok("engine", f"{label} loaded {what} in {out['load_s']:.2f} s, prompt + 1 token "
+                            f"in {out['token_ms']:.1f} ms (ctx {out['n_ctx']}{threads})")
     if "error" in out:
         return error("engine", out["error"])
     tail = (p.stderr.strip().splitlines() or ["no output"])[-1]
-    return error("engine", f"llama.cpp crashed loading {model_path.name} (exit code {p.returncode}: {tail}); "
+    return error("engine", f"{label} crashed loading {what} (exit code {p.returncode}: {tail}); "
                            "re-download the model or pick another")
 
 
-def _probe(path: str, n_ctx: int, n_threads: int) -> dict:
-    from clawd.engines.base import SamplingParams
-    from clawd.engines.llamacpp import Engine
+def _probe(n_ctx: int) -> dict:
+    """Load the engine `clawd serve` would load (same config and environment), with a small context."""
+    import dataclasses
 
+    from clawd import models
+    from clawd.engines.base import SamplingParams
+    from clawd.paths import resolve_paths
+
+    paths = resolve_paths(os.environ)
+    settings = load_settings(paths.config_file, os.environ)
+    model = dataclasses.replace(settings.model, n_ctx=n_ctx)
     t0 = time.perf_counter()
-    engine = Engine(Path(path), n_ctx=n_ctx, n_threads=n_threads)
+    engine = models.load_engine(model, models.resolve_model(model, paths, prepare=False), cache_dir=paths.cache_dir)
     t1 = time.perf_counter()
-    ids = engine.tokenize("Hello", add_bos=engine.info.add_bos)
-    tokens = list(engine.generate(ids, SamplingParams(max_tokens=1, temperature=0.0)))
+    try:
+        ids = engine.tokenize("Hello", add_bos=engine.info.add_bos)
+        tokens = list(engine.generate(ids, SamplingParams(max_tokens=1, temperature=0.0)))
+    finally:
+        engine.close()
     t2 = time.perf_counter()
-    engine.close()
     if len(tokens) != 1:
-        raise ClawdError(f"llama.cpp produced {len(tokens)} tokens instead of 1")
+        raise ClawdError(f"{engine.name} produced {len(tokens)} tokens instead of 1")
     return {"load_s": t1 - t0, "token_ms": (t2 - t1) * 1000, "n_ctx": engine.info.n_ctx,
-            "threads": n_threads or os.cpu_count()}
+            "threads": model.n_threads or os.cpu_count()}
 
 
 def check_database(paths: Paths) -> Check:
@@ -380,13 +410,12 @@ def to_json(checks: list[Check]) -> str:
 
 
 def _probe_main(argv: list[str]) -> int:
-    """`python -m clawd.doctor probe PATH N_CTX N_THREADS`: one JSON line on stdout."""
+    """`python -m clawd.doctor probe N_CTX`: one JSON line on stdout."""
     import logging
 
     logging.basicConfig(level=logging.ERROR, stream=sys.stderr)
-    path, n_ctx, n_threads = argv[0], int(argv[1]), int(argv[2])
     try:
-        print(json.dumps(_probe(path, n_ctx, n_threads)))
+        print(json.dumps(_probe(int(argv[0]))))
     except ClawdError as e:
         print(json.dumps({"error": e.message}))
         return 1
@@ -394,6 +423,6 @@ def _probe_main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    if sys.argv[1:2] != ["probe"]:
-        sys.exit("usage: python -m clawd.doctor probe MODEL.gguf N_CTX N_THREADS (use `clawd doctor`)")
+    if sys.argv[1:2] != ["probe"] or len(sys.argv) != 3:
+        sys.exit("usage: python -m clawd.doctor probe N_CTX (use `clawd doctor`)")
     sys.exit(_probe_main(sys.argv[2:]))

@@ -149,3 +149,52 @@ def test_service_check(tmp_path):
 
     check = doctor.check_service("linux", env, runner=runner)
     assert check.level == "warning" and "inactive" in check.detail and "clawd service logs" in check.detail
+
+
+def by_check(p: subprocess.CompletedProcess) -> dict[str, tuple[str, str]]:
+    lines = p.stdout.splitlines()
+    assert all(LINE.match(ln) for ln in lines), p.stdout
+    return {m.group(2): (m.group(1), m.group(3)) for m in map(LINE.match, lines)}
+
+
+def test_doctor_loads_the_configured_engine(clawd_home, tmp_path, tiny_gguf):
+    """The probe loads what `clawd serve` would: an MLX directory with the mlx engine, a GGUF
+    through the mlx bridge, and a directory given to llama.cpp is an error saying which engine."""
+    pytest.importorskip("mlx_lm")
+    from tests.tiny_mlx import build_tiny_mlx_dir
+
+    model_dir = build_tiny_mlx_dir(tmp_path / "tiny-mlx", tiny_gguf)
+    checks = by_check(run_doctor(clawd_home, tmp_path, CLAWD_MODEL_ENGINE="mlx", CLAWD_MODEL_PATH=str(model_dir)))
+    assert checks["model"][0] == "ok" and "MLX/HF directory, architecture llama" in checks["model"][1]
+    assert checks["engine"][0] == "ok" and checks["engine"][1].startswith("mlx loaded tiny-mlx in "), checks["engine"]
+    assert "1 token" in checks["engine"][1]
+
+    checks = by_check(run_doctor(clawd_home, tmp_path, CLAWD_MODEL_ENGINE="mlx", CLAWD_MODEL_PATH=str(tiny_gguf)))
+    assert checks["engine"][0] == "ok" and checks["engine"][1].startswith(f"mlx loaded {tiny_gguf.name} in ")
+
+    p = run_doctor(clawd_home, tmp_path, CLAWD_MODEL_PATH=str(model_dir))  # llamacpp, the default engine
+    checks = by_check(p)
+    assert p.returncode == 1 and checks["model"][0] == "error" and 'model.engine = "mlx"' in checks["model"][1]
+    assert checks["engine"][0] == "warning"  # nothing loadable to probe
+
+    (model_dir / "config.json").unlink()
+    checks = by_check(run_doctor(clawd_home, tmp_path, "--skip-engine", CLAWD_MODEL_ENGINE="mlx",
+                                 CLAWD_MODEL_PATH=str(model_dir)))
+    assert checks["model"][0] == "error" and "without config.json" in checks["model"][1]
+
+
+def test_doctor_probes_an_openai_upstream(clawd_home, tmp_path, tiny_gguf):
+    from tests.upstream import LlamaCppServer
+
+    server = LlamaCppServer(tiny_gguf, 256)
+    try:
+        url = server.wait_ready()
+        checks = by_check(run_doctor(clawd_home, tmp_path, CLAWD_MODEL_ENGINE="openai", CLAWD_MODEL_BASE_URL=url))
+        assert checks["model"] == ("ok", f"served by the upstream at {url} (the upstream's only model)")
+        assert checks["engine"][0] == "ok" and checks["engine"][1].startswith(f"upstream loaded {url} in ")
+    finally:
+        server.stop()
+    p = run_doctor(clawd_home, tmp_path, CLAWD_MODEL_ENGINE="openai", CLAWD_MODEL_BASE_URL=url)  # now gone
+    checks = by_check(p)
+    assert p.returncode == 1 and checks["engine"][0] == "error" and url in checks["engine"][1], checks["engine"]
+    assert "Traceback" not in p.stdout + p.stderr
