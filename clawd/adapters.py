@@ -2,7 +2,9 @@
 
 Boundary: decides which adapter the served model wears. Rows are written by
 store/adapters.py; files are written by the trainer child (adapters/<id>/: mlx-lm files,
-adapter.gguf, meta.json) and read here. The database row marked active is the truth:
+meta.json, and adapter.gguf when the base is a GGUF file) and read here. What an engine
+loads depends on the base: the GGUF LoRA on a GGUF base, the mlx-lm directory on an MLX/HF
+model directory (only the mlx engine serves those). The database row marked active is the truth:
 a swap first loads and verifies the adapter in the engine, then commits the row, then
 switches what new requests use — so a crash at any point leaves the old or the new adapter
 active, and start-up (`restore`) loads and re-verifies whichever the row names.
@@ -44,12 +46,20 @@ def live_check(probe: dict, served_delta: np.ndarray) -> tuple[bool, dict]:
                 "mean_abs_err": err, "corr": corr}
 
 
+def served_artifact(path: Path, base_model: Path) -> Path:
+    """What the engine loads from adapter dir `path`: on an MLX/HF directory base the mlx-lm
+    adapter dir itself (no GGUF base to pair a GGUF LoRA with), else its adapter.gguf."""
+    return path if Path(base_model).is_dir() else path / "adapter.gguf"
+
+
 def check_files(path: Path, base_model: Path) -> list[str]:
     """Every problem with an adapter dir, as sentences (empty = fine)."""
-    from clawd.training.export import check_gguf_lora
+    from clawd.training.export import check_gguf_lora, check_mlx_lora
 
     if not (path / "meta.json").is_file():
         return [f"{path} has no meta.json (not a clawd adapter, or half-written)"]
+    if Path(base_model).is_dir():
+        return check_mlx_lora(path, base_model)
     if not (path / "adapter.gguf").is_file():
         return [f"{path} has no adapter.gguf"]
     return check_gguf_lora(path / "adapter.gguf", base_model)
@@ -201,7 +211,7 @@ class Registry:
         if problems:
             raise AdapterError(f"adapter {rec.id} refused: " + "; ".join(problems))
         if rec.id not in self.engine.loaded_adapters:
-            await self.chat.runner.call(self.engine.load_adapter, rec.id, path / "adapter.gguf")
+            await self.chat.runner.call(self.engine.load_adapter, rec.id, served_artifact(path, self.base_model))
 
     async def _swap_in(self, rec: rows.AdapterRecord) -> dict:
         """Load the adapter into the engine (if not yet) and prove it is live."""
@@ -219,7 +229,7 @@ class Registry:
         ok, check = live_check(probe, with_adapter.logprobs - base.logprobs)
         if not ok:
             await runner.call(self.engine.unload_adapter, rec.id)
-            raise AdapterError(f"adapter {rec.id} failed the live check: llama.cpp's log-probs do not move as "
+            raise AdapterError(f"adapter {rec.id} failed the live check: the served log-probs do not move as "
                                f"the trainer predicted ({check}); it was not activated")
         return check
 
@@ -260,6 +270,11 @@ class Registry:
             raise AdapterError(f"adapter {adapter_id} has no files left to export")
         if fmt not in ("gguf", "mlx", "peft"):
             raise AdapterError(f"unknown export format {fmt!r}: use mlx, gguf or peft")
+        if fmt == "gguf" and not (src / "adapter.gguf").is_file():
+            why = ("it was trained on an MLX model directory, which has no GGUF base to check a GGUF LoRA against"
+                   if Path(self.base_model).is_dir() else "its adapter.gguf is missing")
+            raise AdapterError(f"adapter {adapter_id} has no GGUF form ({why}): export it with --format mlx or "
+                               "--format peft (llama.cpp's convert_lora_to_gguf.py turns PEFT into GGUF)")
         out = Path(out).expanduser()
         try:
             if fmt == "gguf":

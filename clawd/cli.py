@@ -377,19 +377,24 @@ def cmd_models(args) -> int:
 
         return model_registry.command(args, settings, paths, os.environ)
     choice = models.resolve_model(settings.model, paths, prepare=False)
-    present = choice.path.is_file()
     upstream = settings.model.engine == "openai"
+    is_dir = not upstream and choice.path.is_dir()  # an MLX/HF model directory (mlx engine)
+    present = is_dir or choice.path.is_file()
     info = {"id": choice.id, "engine": settings.model.engine,
             "path": settings.model.base_url if upstream else str(choice.path),
             "embedded": choice.embedded, "present": present,
-            "size_bytes": choice.path.stat().st_size if present else None}
-    if present and settings.model.engine == "llamacpp":
+            "size_bytes": choice.path.stat().st_size if present and not is_dir else None}
+    if is_dir:
+        from clawd.model_registry import inspect_model
+
+        _kind, info["architecture"], info["size_bytes"] = inspect_model(choice.path)
+    elif present and settings.model.engine == "llamacpp":
         info.update(_gguf_summary(choice.path))
     if args.json:
         print(json.dumps(info, indent=2))
         return 0
     print(f"{info['id']}  ({'embedded default' if choice.embedded else 'configured'}, engine {info['engine']})")
-    print(f"  {'url' if upstream else 'file'}: {info['path']}")
+    print(f"  {'url' if upstream else 'directory' if is_dir else 'file'}: {info['path']}")
     if upstream:
         print(f"  served by the upstream at {settings.model.base_url} (the model id comes from it)")
     elif not present:

@@ -82,9 +82,11 @@ async def build_state(settings: Settings, paths: Paths, engine: Engine, port: in
             spec, dataclasses.replace(settings, mining=miner.settings), chat, db))
         chat.on_turn = miner.poke
     registry = scheduler = None
-    # Training builds its MLX model from the served GGUF, and the llama.cpp and mlx engines both
-    # load the adapter dirs it writes (an MLX-directory base model has no trainer bridge yet).
-    if engine.name in ("llamacpp", "mlx") and Path(info.path).is_file():
+    # The trainer builds its MLX model from the served weights: a GGUF file (served by llama.cpp
+    # or mlx, which load its GGUF LoRA) or an MLX/HF model directory (served by mlx only, which
+    # loads its mlx-lm adapter dir). Upstream and fake engines have no weights to train.
+    base = Path(info.path)
+    if (engine.name == "llamacpp" and base.is_file()) or (engine.name == "mlx" and base.exists()):
         paths.adapters_dir.mkdir(parents=True, exist_ok=True)
         registry = Registry(db, chat, paths.adapters_dir, info.path)
         await registry.restore()

@@ -145,12 +145,37 @@ TRAIN_ENV = {"CLAWD_TRAINING_AUTO": 0, "CLAWD_TRAINING_HOLDOUT": 0.0, "CLAWD_TRA
              "CLAWD_TRAINING_BATCH_SIZE": 2, "CLAWD_TRAINING_EPOCHS": 2}
 
 
-@pytest.fixture
-def train_daemon(clawd_home, tiny_gguf):
-    """A daemon on the tiny llama.cpp model with the trainer (real MLX child) enabled."""
-    from clawd.engines.llamacpp import Engine
+@pytest.fixture(scope="session")
+def tiny_mlx_dirs(tmp_path_factory, tiny_gguf) -> dict[str, Path]:
+    """The tiny GGUF's weights as MLX model directories: "dir" (float32) and "dir-q4" (4-bit)."""
+    from tests.tiny_mlx import build_tiny_mlx_dir
 
-    d = start_daemon(clawd_home, Engine(tiny_gguf, n_ctx=256, n_threads=1, model_id="tiny"), TRAIN_ENV)
+    where = tmp_path_factory.mktemp("tiny-mlx")
+    return {"dir": build_tiny_mlx_dir(where / "llama", tiny_gguf),
+            "dir-q4": build_tiny_mlx_dir(where / "llama-q4", tiny_gguf, bits=4)}
+
+
+@pytest.fixture
+def train_base() -> str:
+    """What `train_daemon` serves; a test picks another with @pytest.mark.parametrize("train_base", ...):
+    "gguf" (the tiny GGUF on llama.cpp), "gguf-mlx" (the same file on the mlx engine), or
+    "dir" / "dir-q4" (an MLX model directory, float32 / 4-bit, on the mlx engine)."""
+    return "gguf"
+
+
+@pytest.fixture
+def train_daemon(request, clawd_home, tiny_gguf, train_base):
+    """A daemon on a tiny model (see train_base) with the trainer (real MLX child) enabled."""
+    if train_base == "gguf":
+        from clawd.engines.llamacpp import Engine
+
+        engine = Engine(tiny_gguf, n_ctx=256, n_threads=1, model_id="tiny")
+    else:
+        from clawd.engines.mlx import Engine
+
+        path = tiny_gguf if train_base == "gguf-mlx" else request.getfixturevalue("tiny_mlx_dirs")[train_base]
+        engine = Engine(path, n_ctx=256, model_id="tiny", cache_dir=clawd_home / "cache")
+    d = start_daemon(clawd_home, engine, TRAIN_ENV)
     yield d
     d.stop()
 

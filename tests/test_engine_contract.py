@@ -87,14 +87,13 @@ def make_engine(request, tiny_gguf, tmp_path_factory):
     if request.param in MLX_KINDS:
         pytest.importorskip("mlx_lm")
         from clawd.engines.mlx import Engine as Mlx
-        from tests.tiny_mlx import build_tiny_mlx_dir
 
         where = tmp_path_factory.mktemp(request.param)
         form = MLX_KINDS[request.param][1]
         if form == "gguf":
             path = build_tiny_gguf(where / f"tiny-{arch}.gguf", arch=arch)
         else:
-            path = build_tiny_mlx_dir(where / "model", tiny_gguf, bits=4 if form == "dir-q4" else None)
+            path = request.getfixturevalue("tiny_mlx_dirs")[form]
 
         def factory():
             return Mlx(path, n_ctx=N_CTX, model_id=request.param, cache_dir=where / "cache")

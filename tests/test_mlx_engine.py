@@ -36,13 +36,12 @@ LONG = "The following is a conversation between a helpful assistant and a user. 
 
 
 @pytest.fixture(scope="module")
-def models(tmp_path_factory, tiny_gguf) -> dict[str, Path]:
+def models(tmp_path_factory, tiny_mlx_dirs) -> dict[str, Path]:
     where = tmp_path_factory.mktemp("mlx-models")
     return {
         "gguf-gemma3": build_tiny_gguf(where / "tiny-gemma3.gguf", arch="gemma3"),
         "gguf-qwen2": build_tiny_gguf(where / "tiny-qwen2.gguf", arch="qwen2"),
-        "dir": build_tiny_mlx_dir(where / "llama", tiny_gguf),
-        "dir-q4": build_tiny_mlx_dir(where / "llama-q4", tiny_gguf, bits=4),
+        **tiny_mlx_dirs,
     }
 
 

@@ -196,6 +196,11 @@ def test_mlx_directory_add_and_use(home, capsys, tmp_path):
     if "mlx" in SPECS["model.engine"].meta["choices"]:
         settings = load_settings(home / "config.toml", {})
         assert code == 0 and settings.model.engine == "mlx" and settings.model.path == str(d)
+        code, out, _ = models(capsys)  # what is served now: the directory, present, not MISSING
+        assert code == 0 and f"directory: {d}" in out and "MISSING" not in out and "architecture: qwen2" in out, out
+        code, out, _ = models(capsys, "--json")
+        info = json.loads(out)
+        assert info["present"] and info["size_bytes"] == 64 + 2 + len(json.dumps({"model_type": "qwen2"}))
     else:  # no mlx engine in this build: refused, config untouched
         assert "no mlx engine" in one_line_error(code, err) and state(home) == before
 

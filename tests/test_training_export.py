@@ -281,14 +281,19 @@ def test_check_gguf_lora_names_each_mismatch(tiny_dir, tmp_path):
     assert len(problems) == 1 and problems[0].startswith("cannot read base model"), problems
 
 
-def test_checking_an_adapter_does_not_load_mlx(tiny_dir, tmp_path):
-    """The daemon checks adapters before llama.cpp loads them; that must not drag in MLX."""
+def test_checking_an_adapter_does_not_load_mlx(tiny_dir, tiny_mlx_dirs, tmp_path):
+    """The daemon checks adapters before an engine loads them (a GGUF LoRA on a GGUF base, an
+    mlx-lm dir on an MLX dir base, quantized too); that must not drag in MLX."""
     from tests.test_boundaries import loaded_after
+    from tests.tiny_mlx import build_tiny_mlx_adapter
 
     base = tiny(tiny_dir, "llama")
     lora = build_tiny_lora(tmp_path / "ok.gguf", base)
-    mods = loaded_after(f"from clawd.training.export import check_gguf_lora\n"
-                        f"assert check_gguf_lora({str(lora)!r}, {str(base)!r}) == []")
+    q4 = tiny_mlx_dirs["dir-q4"]
+    mlx_lora = build_tiny_mlx_adapter(tmp_path / "mlx-lora", q4)
+    mods = loaded_after(f"from clawd.training.export import check_gguf_lora, check_mlx_lora\n"
+                        f"assert check_gguf_lora({str(lora)!r}, {str(base)!r}) == []\n"
+                        f"assert check_mlx_lora({str(mlx_lora)!r}, {str(q4)!r}) == []")
     assert mods.isdisjoint({"mlx", "mlx_lm", "llama_cpp"}), mods & {"mlx", "mlx_lm", "llama_cpp"}
 
 

@@ -1,5 +1,6 @@
 """The closed loop on a tiny real model: signals -> trainer child (real MLX) -> adapter dir ->
-gate -> hot-swap into the running llama.cpp engine (verified live) -> rollback; and the
+gate -> hot-swap into the running engine (verified live) -> rollback, on every base that trains
+(a GGUF file on llama.cpp or mlx, an MLX model directory, float or quantized, on mlx); and the
 crash-safety contract (SIGKILL at any point, checkpoint-stop and resume, corrupt files,
 forgotten sessions, pausing for the user)."""
 
@@ -82,9 +83,26 @@ def base_logprobs(d, prompt, target, adapter=None) -> np.ndarray:
     return d.run(d.state.chat.runner.call(engine.score, prompt, target, adapter=adapter)).logprobs
 
 
-def test_train_promote_serve_and_rollback(train_daemon):
+def served_logprobs(d, adapter: str = "active") -> np.ndarray:
+    """The served model's log-probs of a fixed reply (fresh cache: exact reruns)."""
+    with d.client() as c:
+        r = c.post("/clawd/score", json={"messages": [{"role": "user", "content": "question number 1?"}],
+                                         "completion": "an answer", "adapter": adapter})
+    assert r.status_code == 200, r.text
+    return np.array(r.json()["logprobs"])
+
+
+# Every base the loop trains on: a GGUF file on llama.cpp and on mlx, an MLX directory (float32
+# and 4-bit: QLoRA, LoRA over quantized linears) on mlx. Only a GGUF base gets adapter.gguf.
+LOOP_BASES = {"gguf": {"adapter.gguf"}, "gguf-mlx": {"adapter.gguf"}, "dir": set(), "dir-q4": set()}
+
+
+@pytest.mark.parametrize("train_base", list(LOOP_BASES))
+def test_train_promote_serve_and_rollback(train_daemon, train_base):
     d = train_daemon
+    engine = d.state.chat.runner.engine
     trained = make_ready_signals(d, 4)
+    base_before = served_logprobs(d)
     job = training(d, "POST")
     st = wait_run(d)
     assert st["state"] == "idle", st
@@ -94,16 +112,20 @@ def test_train_promote_serve_and_rollback(train_daemon):
     assert aid == job["job_id"]
     assert res["gate"]["passed"] and res["gate"]["gain"] > 0 and res["gate"]["judged_on"] == "train"
 
-    # The adapter dir is complete: mlx-lm files, the GGUF LoRA, and metadata naming its signals.
-    adir = d.home / "data" / "adapters" / aid if (d.home / "data").exists() else None
+    # The adapter dir is complete: mlx-lm files, metadata naming its signals, and the GGUF LoRA
+    # exactly when there is a GGUF base to serve it on.
     rec = d.run(adapter_rows.get(d.state.db, aid))
     adir = Path(rec.path)
-    assert {p.name for p in adir.iterdir()} >= {"adapters.safetensors", "adapter_config.json", "adapter.gguf", "meta.json"}
+    files = {p.name for p in adir.iterdir()}
+    assert files == {"adapters.safetensors", "adapter_config.json", "meta.json"} | LOOP_BASES[train_base], files
     assert sorted(rec.signals) == sorted(trained) and rec.status == "active"
-    assert rec.gate["live_check"]["corr"] > 0.5
+    live = rec.gate["live_check"]
+    assert live["corr"] > 0.5
+    if engine.name == "mlx":  # MLX serves what MLX trained, on the same weights: near-exact
+        assert live["corr"] > 0.99 and live["mean_abs_err"] < 1e-4, live
     assert rec.metrics["steps"] == 4 and rec.metrics["final"]["n_samples"] >= 1
 
-    # New turns wear it, and record it as their provenance.
+    # New turns wear it, and record it as their provenance; the served log-probs moved.
     out = chat(d, "after training")
     turn = d.run(__import__("clawd.store.turns", fromlist=["x"]).get_turn(d.state.db, out["id"]))
     assert turn.adapter_id == aid
@@ -111,20 +133,25 @@ def test_train_promote_serve_and_rollback(train_daemon):
         assert c.get("/clawd/status").json()["active_adapter"] == aid
         listed = c.get("/clawd/adapters").json()
     assert listed["active"] == aid and listed["adapters"][0]["id"] == aid
-
-    # Rollback: back to the base model exactly, and the newer adapter is kept (retired).
+    worn = served_logprobs(d)
+    assert np.abs(worn - base_before).max() > 1e-3, worn - base_before
+    np.testing.assert_array_equal(served_logprobs(d, "base"), base_before)
     probe = json.loads((adir / "meta.json").read_text())["probe"]
     p, t = probe["prompt_ids"], probe["response_ids"]
-    before = base_logprobs(d, p, t)
+    probe_base = base_logprobs(d, p, t)
+
+    # Rollback: back to the base model exactly (same engine, no reload), the newer adapter kept (retired).
     training(d, "POST", "/clawd/adapters/rollback")
-    assert d.state.chat.active_adapter() is None
-    np.testing.assert_array_equal(base_logprobs(d, p, t, adapter=None), before)
+    assert d.state.chat.active_adapter() is None and d.state.chat.runner.engine is engine
+    np.testing.assert_array_equal(served_logprobs(d), base_before)
+    np.testing.assert_array_equal(base_logprobs(d, p, t), probe_base)
     assert chat(d, "after rollback")["id"]
     rec = d.run(adapter_rows.get(d.state.db, aid))
     assert rec.status == "retired" and adir.is_dir()
     # ... and can come back.
     training(d, "POST", f"/clawd/adapters/{aid}/activate")
     assert d.state.chat.active_adapter() == aid
+    np.testing.assert_array_equal(served_logprobs(d), worn)
 
     # Nothing new to learn: a second run is refused with a clear 400.
     with d.client() as c:
@@ -222,6 +249,77 @@ def test_corrupt_or_mismatched_adapter_is_refused_and_active_kept(train_daemon, 
     assert d.run(adapter_rows.active(d.state.db)) is None
     rec = d.run(adapter_rows.get(d.state.db, aid))  # fetched after the refusal: marked, never active
     assert rec.status == "rejected" and aid in (rec.note or ""), rec
+
+
+def copy_adapter(d, src: Path, new_id: str) -> Path:
+    """A copy of adapter dir `src` under another id, in the registry's adapters dir."""
+    dst = d.state.registry.dir / new_id
+    shutil.copytree(src, dst)
+    meta = json.loads((dst / "meta.json").read_text())
+    (dst / "meta.json").write_text(json.dumps({**meta, "id": new_id}))
+    return dst
+
+
+@pytest.mark.parametrize("train_base", ["dir-q4"])
+def test_a_mismatched_adapter_on_a_dir_base_is_refused_naming_each_problem(train_daemon):
+    """On an MLX directory base the registry checks the mlx-lm files against the base's own
+    config.json and safetensors headers (4-bit here: packed weights, in = columns · 32 / bits)."""
+    from safetensors.numpy import load_file, save_file
+
+    from clawd.errors import AdapterError
+
+    d = train_daemon
+    make_ready_signals(d, 2)
+    training(d, "POST")
+    aid = wait_run(d)["result"]["adapter_id"]
+    assert d.state.chat.active_adapter() == aid
+    src = Path(d.run(adapter_rows.get(d.state.db, aid)).path)
+    worn = served_logprobs(d)
+
+    # One copy with every kind of mismatch at once: each one is named.
+    bad = copy_adapter(d, src, "ad-bad")
+    w = load_file(str(bad / "adapters.safetensors"))
+    w["model.layers.0.self_attn.q_proj.lora_a"] = np.zeros((32, 4), np.float32)  # in is 64
+    del w["model.layers.0.self_attn.v_proj.lora_b"]
+    w["model.layers.0.self_attn.qkv_proj.lora_a"] = np.zeros((64, 4), np.float32)  # no such module
+    w["model.layers.0.self_attn.qkv_proj.lora_b"] = np.zeros((4, 64), np.float32)
+    w["model.layers.1.mlp.down_proj.lora_a"] = np.zeros((128, 3), np.float32)  # rank 3, config says 4
+    w["model.layers.1.mlp.down_proj.lora_b"] = np.zeros((3, 64), np.float32)
+    w["model.layers.1.mlp.down_proj.weight"] = np.zeros((64, 128), np.float32)
+    save_file(w, str(bad / "adapters.safetensors"))
+    cfg = json.loads((bad / "adapter_config.json").read_text())
+    cfg["lora_parameters"]["scale"] = "big"
+    (bad / "adapter_config.json").write_text(json.dumps(cfg))
+    with pytest.raises(AdapterError) as e:
+        d.run(d.state.registry.register(bad))
+    problems = str(e.value).split(": ", 1)[1].split("; ")
+    wanted = [
+        ["no usable lora_parameters.scale", "'big'"],
+        ["model.layers.0.self_attn.q_proj", "A (32, 4) / B (4, 64)", "(in, out) = (64, 64)"],
+        ["model.layers.0.self_attn.qkv_proj", "no such linear layer"],
+        ["model.layers.0.self_attn.v_proj has lora_a but no lora_b"],
+        ["model.layers.1.mlp.down_proj", "rank 3", "lora_parameters.rank = 4"],
+        ["tensor model.layers.1.mlp.down_proj.weight is neither a .lora_a nor a .lora_b"],
+    ]
+    assert len(problems) == len(wanted), problems
+    for frags in wanted:
+        assert any(all(f in p for f in frags) for p in problems), (frags, problems)
+    assert d.run(adapter_rows.get(d.state.db, "ad-bad")) is None
+
+    # A registered adapter whose weights are then truncated: activation refused, the active one kept.
+    two = copy_adapter(d, src, "ad-two")
+    assert d.run(d.state.registry.register(two)).status == "candidate"
+    data = (two / "adapters.safetensors").read_bytes()
+    (two / "adapters.safetensors").write_bytes(data[: len(data) - 100])
+    with d.client() as c:
+        r = c.post("/clawd/adapters/ad-two/activate")
+    assert r.status_code == 400, r.text
+    msg = r.json()["error"]["message"]
+    assert "ad-two" in msg and "truncated" in msg, msg
+    assert d.state.chat.active_adapter() == aid and d.run(adapter_rows.active(d.state.db)).id == aid
+    assert "ad-two" not in d.state.chat.runner.engine.loaded_adapters
+    np.testing.assert_array_equal(served_logprobs(d), worn)
+    assert d.run(adapter_rows.get(d.state.db, "ad-two")).status == "rejected"
 
 
 def test_forgetting_a_session_retires_its_adapters(train_daemon):

@@ -1,7 +1,7 @@
 """What a long-running trainer must survive (tiny real model, real MLX child): two starts at
 once, a stopped job that no longer fits the world, a refused run that must not be retried on
-the same signals, a daemon that died between training and promotion, and broken adapter
-files at start-up. The daemon must start, and serve, whatever the adapters dir holds."""
+the same signals, a daemon that died between training and promotion, broken adapter files at
+start-up, and exports. The daemon must start, and serve, whatever the adapters dir holds."""
 
 from __future__ import annotations
 
@@ -10,6 +10,9 @@ import dataclasses
 import json
 import shutil
 from pathlib import Path
+
+import numpy as np
+import pytest
 
 from clawd.errors import Busy
 from clawd.store import adapters as adapter_rows
@@ -126,30 +129,44 @@ def test_export_to_a_bad_path_is_a_clear_400(train_daemon, tmp_path):
         assert r.status_code == 200 and (tmp_path / "ok.gguf").stat().st_size > 0
 
 
-def test_the_loop_closes_on_the_mlx_engine_too(clawd_home, tiny_gguf):
-    """Serving with MLX: the adapter the trainer writes is hot-swapped into the mlx engine
-    (in place, no reload), live-checked, served, and rolled back to the base model exactly."""
-    from clawd.engines.mlx import Engine
-    from tests.conftest import TRAIN_ENV, start_daemon
+@pytest.mark.parametrize("train_base", ["dir"])
+def test_a_dir_base_adapter_exports_as_mlx_and_peft_but_not_gguf(train_daemon, tmp_path, monkeypatch, capsys):
+    """Trained on an MLX directory there is no GGUF base, so no GGUF LoRA: asking for one is a
+    one-line 400 (and CLI error) that names the formats that work; mlx and peft give the weights."""
+    from safetensors.numpy import load_file
 
-    d = start_daemon(clawd_home, Engine(tiny_gguf, n_ctx=256, model_id="tiny", cache_dir=clawd_home / "cache"),
-                     TRAIN_ENV)
-    try:
-        make_ready_signals(d, 2)
-        base = d.state.chat.runner.engine
-        with d.client() as c:
-            before = c.post("/clawd/score", json={"messages": [{"role": "user", "content": "question number 1?"}],
-                                                  "completion": "an answer", "adapter": "base"}).json()["logprobs"]
-        training(d, "POST")
-        res = wait_run(d)["result"]
-        assert res["promoted"], res
-        rec = d.run(adapter_rows.get(d.state.db, res["adapter_id"]))
-        assert rec.gate["live_check"]["corr"] > 0.9  # MLX serves what MLX trained: near-exact
-        assert d.state.chat.runner.engine is base and d.state.chat.active_adapter() == rec.id
-        d.run(d.state.registry.rollback())
-        with d.client() as c:
-            after = c.post("/clawd/score", json={"messages": [{"role": "user", "content": "question number 1?"}],
-                                                 "completion": "an answer"}).json()["logprobs"]
-        assert after == before
-    finally:
-        d.stop()
+    from clawd import cli
+
+    d = train_daemon
+    make_ready_signals(d, 2)
+    training(d, "POST")
+    aid = wait_run(d)["result"]["adapter_id"]
+    src = Path(d.run(adapter_rows.get(d.state.db, aid)).path)
+    with d.client() as c:
+        r = c.post(f"/clawd/adapters/{aid}/export", json={"format": "gguf", "path": str(tmp_path / "x.gguf")})
+        assert r.status_code == 400, r.text
+        msg = r.json()["error"]["message"]
+        assert "no GGUF form" in msg and "MLX model directory" in msg and "--format peft" in msg, msg
+        assert "\n" not in msg and not (tmp_path / "x.gguf").exists()
+        r = c.post(f"/clawd/adapters/{aid}/export", json={"format": "mlx", "path": str(tmp_path / "mlx")})
+        assert r.status_code == 200, r.text
+        r = c.post(f"/clawd/adapters/{aid}/export", json={"format": "peft", "path": str(tmp_path / "peft")})
+        assert r.status_code == 200, r.text
+    for name in ("adapters.safetensors", "adapter_config.json"):
+        assert (tmp_path / "mlx" / name).read_bytes() == (src / name).read_bytes()
+    mlx_w = load_file(str(src / "adapters.safetensors"))
+    peft_w = load_file(str(tmp_path / "peft" / "adapter_model.safetensors"))
+    assert len(peft_w) == len(mlx_w) > 0
+    for name, a in mlx_w.items():
+        module, leaf = name.rsplit(".", 1)
+        peft_name = f"base_model.model.{module}.lora_{leaf[-1].upper()}.weight"
+        np.testing.assert_array_equal(peft_w[peft_name], a.T)
+    peft_cfg = json.loads((tmp_path / "peft" / "adapter_config.json").read_text())
+    assert peft_cfg["r"] == 4 and peft_cfg["lora_alpha"] == 8.0  # TRAIN_ENV: rank 4, alpha 8
+
+    monkeypatch.setenv("CLAWD_HOME", str(d.home))
+    monkeypatch.setenv("CLAWD_SERVER_PORT", str(d.state.port))
+    capsys.readouterr()
+    assert cli.main(["adapters", "export", aid, "--format", "gguf", "--out", str(tmp_path / "y.gguf")]) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "no GGUF form" in err, err

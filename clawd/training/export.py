@@ -2,15 +2,16 @@
 
 Boundary: the trainer keeps adapters as mlx-lm adapter directories (CONVENTIONS §6); this
 module writes them, loads them back onto a model, converts them to the GGUF LoRA file clawd
-serves (§4) and to a PEFT directory (§5), and checks a GGUF LoRA against its base model
-before llama.cpp sees it. Every file is written to a temporary name and renamed into place.
+serves (§4) and to a PEFT directory (§5), and checks an adapter against its base model before
+an engine sees it: a GGUF LoRA against a base GGUF, an mlx-lm directory against an MLX/HF
+model directory. Every file is written to a temporary name and renamed into place.
 
 Layouts (§7): mlx `lora_a` (in, r), `lora_b` (r, out), `y += scale · x A B`; GGUF and PEFT
 store A as (r, in) and B as (out, r) with alpha = scale · r. Llama's q/k rows are permuted in
 GGUF (weights.permute_rows), so B's output rows get the same permutation there.
 
-The daemon calls `check_gguf_lora` (and `mlx_to_peft` on export), so mlx and mlx-lm are
-imported only inside the functions that need them.
+The daemon calls `check_gguf_lora` / `check_mlx_lora` (and `mlx_to_peft` on export), so mlx and
+mlx-lm are imported only inside the functions that need them.
 """
 
 from __future__ import annotations
@@ -227,17 +228,11 @@ def check_gguf_lora(adapter_path: Path, base_gguf: Path) -> list[str]:
             halves.setdefault(m.group(1), {})[m.group(2)] = tuple(int(n) for n in t.shape)
         elif not t.name.endswith("_norm.weight"):  # llama.cpp skips norms, refuses anything else
             problems.append(f"tensor {t.name} is neither a .lora_a nor a .lora_b")
-    if not halves:
-        problems.append(f"{adapter_path.name} has no LoRA tensors")
-    for name, pair in sorted(halves.items()):
-        if len(pair) != 2:
-            have, missing = ("lora_a", "lora_b") if "lora_a" in pair else ("lora_b", "lora_a")
-            problems.append(f"{name} has {have} but no {missing}")
-            continue
+    for name, (a, b) in _paired(halves, adapter_path.name, problems).items():  # ggml ne order
         if name not in base_shapes:
             problems.append(f"{name}: the base model has no such tensor (adapter built for another model?)")
             continue
-        w, a, b = base_shapes[name], pair["lora_a"], pair["lora_b"]  # ggml ne order
+        w = base_shapes[name]
         if name == "token_embd.weight":  # llama.cpp flips A and B for the embedding
             ok = len(w) == 2 and w[0] == b[1] and w[1] == a[1]
         else:
@@ -247,6 +242,145 @@ def check_gguf_lora(adapter_path: Path, base_gguf: Path) -> list[str]:
                             f"tensor {_np_shape(w)} (numpy order; A must be (r, in), B (out, r))")
         elif name != "token_embd.weight" and a[1] != b[0]:
             problems.append(f"{name}: rank disagreement, lora_a has rank {a[1]} but lora_b has {b[0]}")
+    return problems
+
+
+def _paired(halves: dict[str, dict[str, tuple[int, ...]]], what: str,
+            problems: list[str]) -> dict[str, tuple[tuple[int, ...], tuple[int, ...]]]:
+    """name -> (lora_a shape, lora_b shape) for the complete pairs among `halves` (name -> leaf ->
+    shape); a missing half, or no LoRA tensor at all in `what`, is added to `problems`."""
+    if not halves:
+        problems.append(f"{what} has no LoRA tensors")
+    pairs = {}
+    for name, pair in sorted(halves.items()):
+        if len(pair) == 2:
+            pairs[name] = (pair["lora_a"], pair["lora_b"])
+        else:
+            have, missing = ("lora_a", "lora_b") if "lora_a" in pair else ("lora_b", "lora_a")
+            problems.append(f"{name} has {have} but no {missing}")
+    return pairs
+
+
+def safetensors_shapes(path: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """name -> (dtype, shape) from a safetensors file's JSON header, without reading the
+    tensors (or importing mlx). Raises ValueError for a file that is not whole."""
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        head = f.read(8)
+        if len(head) < 8:
+            raise ValueError("too short to be a safetensors file")
+        n = int.from_bytes(head, "little")
+        if n > size - 8:
+            raise ValueError("its header runs past the end of the file (truncated, or not safetensors)")
+        try:
+            header = json.loads(f.read(n))
+        except (ValueError, UnicodeDecodeError) as e:
+            raise ValueError(f"its header is not JSON ({e})") from e
+    if not isinstance(header, dict):
+        raise ValueError("its header is not a JSON object")
+    header.pop("__metadata__", None)
+    out = {}
+    for name, t in header.items():
+        try:
+            end = int(t["data_offsets"][1])
+            out[name] = (str(t["dtype"]), tuple(int(d) for d in t["shape"]))
+        except (KeyError, TypeError, ValueError, IndexError) as e:
+            raise ValueError(f"tensor {name} has a malformed header entry") from e
+        if end > size - 8 - n:
+            raise ValueError(f"tensor {name} runs past the end of the file (truncated)")
+    return out
+
+
+def _base_linears(base_dir: Path) -> dict[str, tuple[int, int]]:
+    """module path -> (in, out) of every linear layer in an MLX/HF model directory, quantized
+    ones included: a QuantizedLinear stores its weight packed 32 // bits per uint32, so
+    in = columns · 32 / bits, with bits from config.json's mlx-lm `quantization` (per layer or global)."""
+    config = json.loads((base_dir / "config.json").read_text())
+    quant = config.get("quantization") or {}
+    files = sorted(base_dir.glob("*.safetensors"))
+    if not files:
+        raise ValueError("it has no *.safetensors weights")
+    tensors: dict[str, tuple[str, tuple[int, ...]]] = {}
+    for f in files:
+        tensors.update(safetensors_shapes(f))
+    out = {}
+    for name, (_dtype, shape) in tensors.items():
+        module, _, leaf = name.rpartition(".")
+        if leaf != "weight" or len(shape) != 2 or module.endswith("embed_tokens"):
+            continue  # an embedding is (vocab, d), not (out, in), and the mlx engine wears LoRA on linears only
+        n_out, cols = shape
+        if module + ".scales" in tensors:
+            layer = quant.get(module) if isinstance(quant.get(module), dict) else quant
+            bits = int(layer.get("bits", 0) or 0)
+            if bits <= 0:
+                continue  # quantized without a readable bit width: not a layer we can size
+            cols = cols * 32 // bits
+        out[module] = (cols, n_out)
+    return out
+
+
+def check_mlx_lora(adapter_dir: Path, base_dir: Path) -> list[str]:
+    """Every reason the mlx engine would refuse this mlx-lm adapter directory on the MLX/HF
+    model directory `base_dir`, or the config that would misdescribe it, each as one
+    sentence; [] when it fits. Reads JSON and safetensors headers only (no mlx)."""
+    adapter_dir, base_dir = Path(adapter_dir), Path(base_dir)
+    problems = []
+    rank = None
+    keys: list[str] | None = None
+    try:
+        config = json.loads((adapter_dir / CONFIG_FILE).read_text())
+        if not isinstance(config, dict):
+            raise ValueError("not a JSON object")
+    except (OSError, ValueError) as e:
+        problems.append(f"cannot read {CONFIG_FILE} in {adapter_dir} ({e})")
+    else:
+        kind = config.get("fine_tune_type", "lora")
+        if kind != "lora":
+            problems.append(f"fine_tune_type is {kind!r}, not 'lora' (only plain LoRA is served)")
+        lp = config.get("lora_parameters")
+        lp = lp if isinstance(lp, dict) else {}
+        rank = lp.get("rank")
+        if not isinstance(rank, int) or isinstance(rank, bool) or rank <= 0:
+            problems.append(f"{CONFIG_FILE} has no usable lora_parameters.rank (found {rank!r})")
+            rank = None
+        scale = lp.get("scale")
+        if not isinstance(scale, (int, float)) or isinstance(scale, bool):
+            problems.append(f"{CONFIG_FILE} has no usable lora_parameters.scale (found {scale!r})")
+        keys = lp.get("keys") if isinstance(lp.get("keys"), list) else None
+    try:
+        weights = safetensors_shapes(adapter_dir / ADAPTER_FILE)
+    except (OSError, ValueError) as e:
+        return problems + [f"cannot read {ADAPTER_FILE} in {adapter_dir}: {e}"]
+    try:
+        base = _base_linears(base_dir)
+    except (OSError, ValueError, AttributeError) as e:
+        return problems + [f"cannot read base model {base_dir}: {e}"]
+
+    halves: dict[str, dict[str, tuple[int, ...]]] = {}
+    for name, (dtype, shape) in sorted(weights.items()):
+        module, _, leaf = name.rpartition(".")
+        if leaf not in _LORA_LEAVES:
+            problems.append(f"tensor {name} is neither a .lora_a nor a .lora_b")
+        elif dtype not in ("F32", "F16", "BF16"):
+            problems.append(f"tensor {name} has dtype {dtype}, not a float type")
+        else:
+            halves.setdefault(module, {})[leaf] = shape
+    for module, (a, b) in _paired(halves, ADAPTER_FILE, problems).items():
+        dims = base.get(module)
+        if dims is None:
+            problems.append(f"{module}: the base model has no such linear layer (adapter built for another model?)")
+            continue
+        parts = module.split(".")
+        block_key = ".".join(parts[3:]) if parts[:2] == ["model", "layers"] else module
+        if keys is not None and block_key not in keys:
+            problems.append(f"{module}: {block_key} is not among {CONFIG_FILE}'s lora_parameters.keys {keys}")
+        if len(a) != 2 or len(b) != 2 or (a[0], b[1]) != dims:
+            problems.append(f"{module}: LoRA shapes A {a} / B {b} do not fit the base layer (in, out) = {dims} "
+                            "(A must be (in, r), B (r, out))")
+        elif a[1] != b[0]:
+            problems.append(f"{module}: rank disagreement, lora_a has rank {a[1]} but lora_b has {b[0]}")
+        elif rank is not None and a[1] != rank:
+            problems.append(f"{module}: rank {a[1]}, but {CONFIG_FILE} says lora_parameters.rank = {rank}")
     return problems
 
 

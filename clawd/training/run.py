@@ -2,8 +2,9 @@
 
 Boundary: reads JOB_DIR/job.json (clawd/training/data.py), trains one LoRA adapter with the
 hybrid objective, measures the eval gate, and writes ADAPTERS_DIR/<job id>/ atomically (a temp
-dir renamed into place), so a kill at any moment leaves the whole adapter or none. It never
-touches the database or the served model: it reports to the daemon as JSON lines on stdout
+dir renamed into place: mlx-lm files, meta.json, and adapter.gguf when the base is a GGUF
+file), so a kill at any moment leaves the whole adapter or none. It never touches the
+database or the served model: it reports to the daemon as JSON lines on stdout
 ({"event": ...}), and a crash or OOM here cannot take serving down.
 
 Stopping: SIGTERM asks for a stop at the next optimizer step (or, after the last one, before
@@ -331,7 +332,10 @@ def run(job_dir: Path, cache_dir: Path, out_dir: Path, *, stock_blas: bool = Fal
     tmp.mkdir(parents=True)
     save_mlx_adapter(lm.model, tmp, rank=cfg.rank, scale=cfg.alpha / cfg.rank, num_layers=len(lm.model.layers),
                      keys=lora_keys(cfg.targets), extra={"clawd_base_model": job.model})
-    mlx_to_gguf(tmp, lm, tmp / "adapter.gguf")
+    if Path(job.model_path).is_file():
+        # The GGUF LoRA is checked against, and served on, a GGUF base. An MLX/HF directory base
+        # has none: the mlx engine serves the mlx-lm files, and `export --format peft` covers the rest.
+        mlx_to_gguf(tmp, lm, tmp / "adapter.gguf")
     (tmp / "meta.json").write_text(json.dumps(meta))
     os.replace(tmp, final)  # the adapter appears whole, or not at all
     emit("done", adapter_id=job.id, path=str(final), gate=gate, final=metrics["final"])
