@@ -11,6 +11,9 @@ writes), swapped in place by the mlx engine; anchors: mlx-lm's way (build the mo
 attach the adapter with mlx-lm's `load_adapters`, what `mlx_lm.server` does on an adapter
 change) and llama.cpp's runtime switch of the same adapter exported to GGUF.
 
+Last, why decode is what it is: MLX's CPU one-row projection speed per weight format and the
+decode ceiling it sets (weights read per token / measured float32 read speed).
+
 Usage: python benchmarks/mlx_engine.py [--max-tokens 64] [--rounds 2] [--home DIR]
 (--home keeps clawd's cache, so the one-off ~25 s GGUF dequantization is not paid again).
 """
@@ -76,6 +79,29 @@ def bind_ms(engine, adapters: list[str | None], repeats: int = 300) -> float:
     for i in range(repeats):
         engine._bind(adapters[i % len(adapters)])
     return (time.perf_counter() - t0) / repeats * 1000
+
+
+def one_row_matmul(rows: int = 65536, cols: int = 640, repeats: int = 20) -> dict[str, float]:
+    """ms of one token's projection through a (rows x cols) weight, per weight format MLX's CPU
+    backend offers, and the float32 read speed in GB/s. Decoding one token reads every weight
+    once, so this bounds decode speed whatever the engine does around it."""
+    import mlx.core as mx
+
+    w = mx.random.normal((rows, cols))
+    x = mx.random.normal((1, cols))
+    wb, xb = w.astype(mx.bfloat16), x.astype(mx.bfloat16)
+    q = {bits: mx.quantize(w, group_size=64, bits=bits) for bits in (4, 8)}
+    mx.eval(w, wb, *[a for t in q.values() for a in t])
+
+    def ms(f) -> float:
+        return per_call_ms(lambda: mx.eval(f()), repeats)
+
+    out = {"float32": ms(lambda: x @ w.T), "bfloat16": ms(lambda: xb @ wb.T)}
+    for bits, (wq, scales, biases) in q.items():
+        out[f"{bits}-bit"] = ms(lambda wq=wq, s=scales, b=biases, bits=bits: mx.quantized_matmul(
+            x, wq, s, b, transpose=True, group_size=64, bits=bits))
+    out["float32_gb_s"] = rows * cols * 4 / (out["float32"] / 1000) / 1e9
+    return out
 
 
 def main() -> None:
@@ -184,6 +210,18 @@ def main() -> None:
     print(f"mlx in-place switch alone (rebind {len(subject._switch._wrapped)} LoRA layers): {mlx_bind:.3f} ms")
     print(f"mlx-lm's way to change adapter (rebuild the model from clawd's cached weights + load_adapters): "
           f"{t_reload:.0f} ms = {t_reload / mlx_bind:.0f}x the in-place switch")
+
+    # ---- why decode is what it is: one token reads every weight once --------------------------
+    from mlx.utils import tree_flatten
+
+    weight_bytes = sum(a.nbytes for _, a in tree_flatten(subject._model.parameters()))
+    mv = one_row_matmul()
+    ceiling = mv["float32_gb_s"] * 1e9 / weight_bytes
+    print("one-row projection 65536x640 on MLX's CPU backend, ms: "
+          + ", ".join(f"{k} {v:.2f}" for k, v in mv.items() if k != "float32_gb_s")
+          + f"; float32 reads {mv['float32_gb_s']:.1f} GB/s")
+    print(f"mlx weights {weight_bytes / 1e9:.2f} GB read per decoded token -> decode ceiling {ceiling:.1f} tok/s"
+          + (f"; measured {m_dec:.1f} tok/s = {m_dec / ceiling:.0%} of it" if rows["mlx"] else ""))
     anchor.close()
     subject.close()
 
