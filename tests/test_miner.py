@@ -480,6 +480,22 @@ def test_stopping_the_miner_mid_write_leaves_the_store_writable(tmp_path):
 # --- veto, forget, errors --------------------------------------------------------------------------
 
 
+def test_learned_signals_never_crowd_out_new_ones(md, http):
+    """The trainer asks for what is left after excluding learned turns, so a limit counts only
+    those: with every older signal learned, the newest is still found."""
+    ids = []
+    for q in ("What color is the sky?", "What color is grass?", "What color is snow?"):
+        c = Convo(md, http)
+        ids.append(c.say(q))
+        c.say(THANKS)
+    mine(md)
+    everything = [s.turn_id for s in md.run(signals.trainable(md.state.db))]
+    assert everything == ids  # oldest first
+    left = md.run(signals.trainable(md.state.db, exclude=set(ids[:2]), limit=1))
+    assert [s.turn_id for s in left] == [ids[2]]
+    assert md.run(signals.trainable(md.state.db, exclude=ids)) == []
+
+
 def test_veto_unveto_round_trip(md, http, monkeypatch, capsys):
     from clawd import cli
 

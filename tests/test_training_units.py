@@ -280,8 +280,8 @@ async def test_untrained_count_applies_the_job_builders_test(tmp_path, monkeypat
                    "empty": SimpleNamespace(id="empty", response_ids=[]),  # no sampled ids kept
                    "nothing": SimpleNamespace(id="nothing", response_ids=[5])}
 
-    async def trainable(db):
-        return sigs
+    async def trainable(db, exclude=()):
+        return [s for s in sigs if s.turn_id not in exclude]
 
     async def trained_turns(db):
         return set()

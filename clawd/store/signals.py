@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -188,10 +189,15 @@ async def vetoed_turns(db: Database) -> set[str]:
 
 
 # What the trainer may learn from, oldest first; dataset export reads the same rows.
-TRAINABLE_SQL = "SELECT * FROM signals WHERE status = 'ready' AND vetoed = 0 ORDER BY created_at, rowid LIMIT ?"
+TRAINABLE_WHERE = "status = 'ready' AND vetoed = 0"
+TRAINABLE_SQL = f"SELECT * FROM signals WHERE {TRAINABLE_WHERE} ORDER BY created_at, rowid LIMIT ?"
 
 
-async def trainable(db: Database, *, limit: int = 10_000) -> list[Signal]:
-    """What the trainer may learn from: ready, not vetoed (forgotten turns are gone)."""
-    rows = await db.conn.execute_fetchall(TRAINABLE_SQL, (limit,))
+async def trainable(db: Database, *, exclude: Iterable[str] = (), limit: int = 10_000) -> list[Signal]:
+    """What the trainer may learn from: ready, not vetoed (forgotten turns are gone), minus the
+    `exclude` turns (already learned). Excluded in SQL, so the limit counts only what is left:
+    a long-lived daemon's old, learned signals can never crowd new ones out."""
+    rows = await db.conn.execute_fetchall(
+        f"SELECT * FROM signals WHERE {TRAINABLE_WHERE} AND turn_id NOT IN (SELECT value FROM json_each(?)) "
+        "ORDER BY created_at, rowid LIMIT ?", (json.dumps(sorted(exclude)), limit))
     return [from_row(r) for r in rows]

@@ -113,10 +113,9 @@ def canary_samples(chat: ChatService) -> list[Sample]:
 
 
 async def untrained_count(db: Database, holdout: float) -> int:
-    used = await adapter_rows.trained_turns(db)
     n = 0
-    for s in await signals.trainable(db):
-        if s.turn_id not in used and not is_holdout(s.turn_id, holdout) and await usable_turn(db, s):
+    for s in await signals.trainable(db, exclude=await adapter_rows.trained_turns(db)):
+        if not is_holdout(s.turn_id, holdout) and await usable_turn(db, s):
             n += 1
     return n
 
@@ -125,13 +124,11 @@ async def build_job(db: Database, chat: ChatService, settings: TrainingSettings,
                     model_path: Path, parent: adapter_rows.AdapterRecord | None) -> Job:
     """Everything one trainer run needs. Train samples: ready, non-vetoed signals not yet
     learned by a live adapter; holdout: every ready held-out signal (never trained on)."""
-    used = await adapter_rows.trained_turns(db)
     job = Job(job_id, str(model_path), chat.model_id, dataclasses.asdict(settings),
               parent_id=parent.id if parent else None, parent_path=parent.path if parent else None)
-    for sig in await signals.trainable(db):
+    # Learned turns were never held out (held-out ones are never trained on), so excluding them keeps every holdout.
+    for sig in await signals.trainable(db, exclude=await adapter_rows.trained_turns(db)):
         held = is_holdout(sig.turn_id, settings.holdout)
-        if not held and sig.turn_id in used:
-            continue
         sample = await _sample(db, chat, sig, settings.max_tokens)
         if sample is not None:
             (job.holdout if held else job.train).append(sample)
