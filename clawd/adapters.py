@@ -2,9 +2,9 @@
 
 Boundary: decides which adapter the served model wears. Rows are written by
 store/adapters.py; files are written by the trainer child (adapters/<id>/: mlx-lm files,
-meta.json, and adapter.gguf when the base is a GGUF file) and read here. What an engine
-loads depends on the base: the GGUF LoRA on a GGUF base, the mlx-lm directory on an MLX/HF
-model directory (only the mlx engine serves those). The database row marked active is the truth:
+meta.json, and adapter.gguf when the base is a GGUF file) and read here. The engine is
+handed adapter.gguf on a GGUF base (llama.cpp loads it; the mlx engine loads the mlx-lm files
+beside it) and the directory on an MLX/HF model directory base (mlx only). The database row marked active is the truth:
 a swap first loads and verifies the adapter in the engine, then commits the row, then
 switches what new requests use — so a crash at any point leaves the old or the new adapter
 active, and start-up (`restore`) loads and re-verifies whichever the row names.
@@ -262,19 +262,21 @@ class Registry:
                 shutil.rmtree(self.dir / a, ignore_errors=True)
             return sorted(tainted)
 
-    async def export(self, adapter_id: str, fmt: str, out: Path) -> Path:
-        """Copy an adapter out as mlx (mlx-lm dir), gguf (one file) or peft (dir)."""
+    async def export(self, adapter_id: str, fmt: str | None, out: Path) -> tuple[str, Path]:
+        """Copy an adapter out as mlx (mlx-lm dir), gguf (one file) or peft (dir); no format:
+        gguf where the adapter has one (a GGUF base), else mlx. Returns (format, path)."""
         rec = await self.get(adapter_id)
         src = Path(rec.path)
         if rec.forgotten or not src.is_dir():
             raise AdapterError(f"adapter {adapter_id} has no files left to export")
+        has_gguf = (src / "adapter.gguf").is_file()
+        fmt = fmt or ("gguf" if has_gguf else "mlx")
         if fmt not in ("gguf", "mlx", "peft"):
             raise AdapterError(f"unknown export format {fmt!r}: use mlx, gguf or peft")
-        if fmt == "gguf" and not (src / "adapter.gguf").is_file():
-            why = ("it was trained on an MLX model directory, which has no GGUF base to check a GGUF LoRA against"
-                   if Path(self.base_model).is_dir() else "its adapter.gguf is missing")
-            raise AdapterError(f"adapter {adapter_id} has no GGUF form ({why}): export it with --format mlx or "
-                               "--format peft (llama.cpp's convert_lora_to_gguf.py turns PEFT into GGUF)")
+        if fmt == "gguf" and not has_gguf:
+            raise AdapterError(f"adapter {adapter_id} has no GGUF form (an adapter trained on an MLX model directory "
+                               "has none): export it with --format mlx or --format peft (llama.cpp's "
+                               "convert_lora_to_gguf.py turns PEFT into GGUF)")
         out = Path(out).expanduser()
         try:
             if fmt == "gguf":
@@ -290,4 +292,4 @@ class Registry:
                 mlx_to_peft(src, out, base_model=rec.model)
         except OSError as e:
             raise AdapterError(f"could not export {adapter_id} to {out}: {e.strerror or e}; pick a writable path") from e
-        return out
+        return fmt, out

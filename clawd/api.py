@@ -51,6 +51,7 @@ class ApiState:
     config: object | None = None  # clawd.reload.ReloadState while config.toml is watched
     registry: object | None = None  # clawd.adapters.Registry
     scheduler: object | None = None  # clawd.scheduler.Scheduler (None: no training on this engine)
+    training_off: str | None = None  # why there is no registry / scheduler
     started: float = field(default_factory=time.time)
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -258,12 +259,12 @@ def create_app(state: ApiState) -> FastAPI:
 
     def _registry():
         if state.registry is None:
-            raise NotFound("adapters are not available with this engine")
+            raise NotFound(f"adapters are not available: {state.training_off or 'training is off'}")
         return state.registry
 
     def _scheduler():
         if state.scheduler is None:
-            raise NotFound("training is not available with this engine (it needs a GGUF model and MLX)")
+            raise NotFound(f"training is not available: {state.training_off or 'training is off'}")
         return state.scheduler
 
     @app.get("/clawd/adapters", dependencies=auth)
@@ -304,15 +305,17 @@ def create_app(state: ApiState) -> FastAPI:
 
     @app.post("/clawd/adapters/{adapter_id}/export", dependencies=auth)
     async def export_adapter(adapter_id: str, request: Request):
-        """{"format": "mlx"|"gguf"|"peft", "path": "..."}: written on this machine."""
+        """{"format": "mlx"|"gguf"|"peft" (default: gguf where the adapter has one, else mlx),
+        "path": "..."}: written on this machine."""
         try:
             body = await request.json()
         except ValueError:
             raise InvalidRequest("send a JSON body {\"format\": ..., \"path\": ...}") from None
         if not isinstance(body, dict) or not isinstance(body.get("path"), str):
             raise InvalidRequest("'path' (a string) is required", param="path")
-        out = await _registry().export(adapter_id, str(body.get("format", "gguf")), body["path"])
-        return {"adapter_id": adapter_id, "path": str(out)}
+        fmt = body.get("format")
+        fmt, out = await _registry().export(adapter_id, None if fmt is None else str(fmt), body["path"])
+        return {"adapter_id": adapter_id, "format": fmt, "path": str(out)}
 
     @app.post("/clawd/score", dependencies=auth)
     async def score(req: ScoreRequest):
@@ -353,7 +356,7 @@ def create_app(state: ApiState) -> FastAPI:
         (timers), only when training.min_signals are waiting; otherwise say why not."""
         sched = _scheduler()
         if if_ready:
-            n = await untrained_count(state.db, sched.settings.holdout)
+            n = await untrained_count(state.db, state.chat.model_id, sched.settings.holdout)
             if sched.running or n < sched.settings.min_signals:
                 reason = "a run is in progress" if sched.running else \
                     f"{n} of {sched.settings.min_signals} untrained signals ready"

@@ -223,7 +223,7 @@ def cmd_adapters(args) -> int:
             raise ClawdError("`clawd adapters export` needs --out PATH")
         out = _daemon_call(args, "POST", f"/clawd/adapters/{args.adapter_id}/export", timeout=120,
                            json={"format": args.format, "path": str(os.path.abspath(args.out))})
-        print(f"exported {out['adapter_id']} as {args.format} to {out['path']}")
+        print(f"exported {out['adapter_id']} as {out['format']} to {out['path']}")
     return 0
 
 
@@ -528,7 +528,8 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("adapters", help="list, inspect, activate, roll back or export trained adapters")
     s.add_argument("action", choices=["list", "show", "activate", "rollback", "export"])
     s.add_argument("adapter_id", nargs="?", help="the adapter (show / activate / export); activate base = none")
-    s.add_argument("--format", choices=["gguf", "mlx", "peft"], default="gguf", help="export format")
+    s.add_argument("--format", choices=["gguf", "mlx", "peft"],
+                   help="export format (default: gguf on a GGUF base model, mlx on an MLX directory)")
     s.add_argument("--out", help="export destination (a file for gguf, a directory otherwise)")
     s.add_argument("--json", action="store_true", help="machine-readable output")
     s.set_defaults(func=cmd_adapters)

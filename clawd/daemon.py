@@ -32,6 +32,7 @@ from clawd.scheduler import Scheduler
 from clawd.store.db import Database
 from clawd.templates import choose_format
 from clawd.token import ensure_token
+from clawd.training import why_untrainable
 
 log = logging.getLogger(__name__)
 
@@ -82,18 +83,26 @@ async def build_state(settings: Settings, paths: Paths, engine: Engine, port: in
             spec, dataclasses.replace(settings, mining=miner.settings), chat, db))
         chat.on_turn = miner.poke
     registry = scheduler = None
-    # The trainer builds its MLX model from the served weights: a GGUF file (served by llama.cpp
-    # or mlx, which load its GGUF LoRA) or an MLX/HF model directory (served by mlx only, which
-    # loads its mlx-lm adapter dir). Upstream and fake engines have no weights to train.
+    # The trainer builds its MLX model from the served weights: a GGUF file (llama.cpp serves its
+    # GGUF LoRA, mlx its mlx-lm files) or an MLX/HF model directory (mlx only). Upstream and fake
+    # engines have no weights here to train.
     base = Path(info.path)
+    training_off = None
     if (engine.name == "llamacpp" and base.is_file()) or (engine.name == "mlx" and base.exists()):
+        training_off = why_untrainable(base)
+        if training_off:
+            log.warning("training is off: %s", training_off)
+    else:
+        training_off = f"the {engine.name} engine has no local weights to train (llamacpp and mlx have)"
+    if training_off is None:
         paths.adapters_dir.mkdir(parents=True, exist_ok=True)
         registry = Registry(db, chat, paths.adapters_dir, info.path)
         await registry.restore()
         scheduler = Scheduler(db, chat, registry, settings.training, paths)
     return ApiState(chat=chat, db=db, miner=miner, token=ensure_token(paths.token_file),
                     require_token=settings.server.require_token, host=settings.server.host,
-                    port=port, home=str(paths.config_dir), registry=registry, scheduler=scheduler)
+                    port=port, home=str(paths.config_dir), registry=registry, scheduler=scheduler,
+                    training_off=training_off)
 
 
 def build_judge(spec: str, settings: Settings, chat: ChatService, db: Database) -> LLMJudge | None:

@@ -278,8 +278,9 @@ def check_engine(settings: Settings, model_path: Path | None, env: Mapping[str, 
     if "error" in out:
         return error("engine", out["error"])
     tail = (p.stderr.strip().splitlines() or ["no output"])[-1]
-    return error("engine", f"{label} crashed loading {what} (exit code {p.returncode}: {tail}); "
-                           "re-download the model or pick another")
+    fix = ("check that the upstream runs and speaks the OpenAI API" if engine == "openai"
+           else "re-download the model or pick another")
+    return error("engine", f"{label} crashed loading {what} (exit code {p.returncode}: {tail}); {fix}")
 
 
 def _probe(n_ctx: int) -> dict:

@@ -25,7 +25,7 @@ from pathlib import Path
 from clawd.config import SPECS, Settings, env_var
 from clawd.config_edit import write_text_atomic
 from clawd.errors import ClawdError
-from clawd.models import EMBEDDED_ID, EMBEDDED_SIZE, embedded_model_path, resolve_model
+from clawd.models import EMBEDDED_ID, EMBEDDED_SIZE, default_id, embedded_model_path, resolve_model
 from clawd.paths import Paths
 
 REGISTRY_VERSION = 1
@@ -261,7 +261,7 @@ def list_models(paths: Paths, settings: Settings) -> list[dict]:
             kind, arch, size = inspect_model(in_use)
         except ClawdError:
             kind, arch, size = "?", None, None
-        rows.append({"name": settings.model.name or in_use.stem, "kind": kind, "architecture": arch,
+        rows.append({"name": settings.model.name or default_id(in_use), "kind": kind, "architecture": arch,
                      "size_bytes": size, "path": str(in_use), "source": "config.toml", "default": False,
                      "present": in_use.exists(), "in_use": True})
     return rows

@@ -58,6 +58,12 @@ def ensure_embedded_model(paths: Paths) -> Path:
     return target
 
 
+def default_id(path: Path) -> str:
+    """A model's id when config.toml names none: a file's stem, a directory's whole name
+    ("Qwen2.5-0.5B-Instruct-4bit", whose stem would be "Qwen2.5-0"). Adapters are keyed by it."""
+    return path.name if path.is_dir() else path.stem
+
+
 def resolve_model(settings: ModelSettings, paths: Paths, *, prepare: bool = True) -> ModelChoice:
     """The model to serve. prepare=False only says where it would be (for `clawd models`)."""
     if settings.engine == "fake":
@@ -73,7 +79,7 @@ def resolve_model(settings: ModelSettings, paths: Paths, *, prepare: bool = True
     path = Path(settings.path).expanduser()
     if not path.is_absolute():
         path = (paths.config_dir / path).resolve()  # relative to config.toml, not the cwd
-    return ModelChoice(settings.name or path.stem, path, False)
+    return ModelChoice(settings.name or default_id(path), path, False)
 
 
 def load_engine(settings: ModelSettings, choice: ModelChoice, *, top_k: int = 40, cache_dir: Path | None = None):

@@ -130,7 +130,7 @@ class Scheduler:
             return False, "automatic training is off (training.auto)"
         if self.running:
             return False, "a run is in progress"
-        n = await data.untrained_count(self.db, s.holdout)
+        n = await data.untrained_count(self.db, self.chat.model_id, s.holdout)
         if n < s.min_signals:
             return False, f"{n} of {s.min_signals} untrained signals ready"
         if n < self._retry_at:
@@ -168,9 +168,9 @@ class Scheduler:
         return self.status.result
 
     async def _resumable(self) -> Path | None:
-        """A stopped job that still fits the world: same served model, same parent (the active
-        adapter), same training settings, and none of its turns forgotten or vetoed since.
-        Anything else is deleted and rebuilt from fresh signals."""
+        """A stopped job that still fits the world: same served model and weights, same parent
+        (the active adapter), same training settings, and none of its turns forgotten or vetoed
+        since. Anything else is deleted and rebuilt from fresh signals."""
         if not self.jobs_dir.is_dir():
             return None
         active = await adapter_rows.active(self.db)
@@ -183,7 +183,9 @@ class Scheduler:
                     log.warning("dropping unreadable training job %s: %s", d.name, e)
                 else:
                     turns = {s.turn_id for s in job.train + job.holdout}
-                    if (job.model == self.chat.model_id and job.parent_id == (active.id if active else None)
+                    same_weights = job.model == self.chat.model_id and job.model_path == str(
+                        self.chat.runner.engine.info.path)
+                    if (same_weights and job.parent_id == (active.id if active else None)
                             and job.config == asdict(self.settings) and not turns & gone):
                         return d
             shutil.rmtree(d, ignore_errors=True)  # finished, never written, or stale
@@ -249,7 +251,8 @@ class Scheduler:
             await self._wait_for_new_signals()
 
     async def _wait_for_new_signals(self) -> None:
-        self._retry_at = await data.untrained_count(self.db, self.settings.holdout) + self.settings.min_signals
+        untrained = await data.untrained_count(self.db, self.chat.model_id, self.settings.holdout)
+        self._retry_at = untrained + self.settings.min_signals
 
     async def _promote(self, path: Path) -> dict:
         try:

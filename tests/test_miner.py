@@ -480,20 +480,35 @@ def test_stopping_the_miner_mid_write_leaves_the_store_writable(tmp_path):
 # --- veto, forget, errors --------------------------------------------------------------------------
 
 
-def test_learned_signals_never_crowd_out_new_ones(md, http):
-    """The trainer asks for what is left after excluding learned turns, so a limit counts only
-    those: with every older signal learned, the newest is still found."""
+def test_a_long_history_never_crowds_out_new_signals(md, http, monkeypatch):
+    """What a training job takes from a real database: learned turns and other models' turns are
+    excluded in SQL, and the train / held-out split happens before the caps, so neither old
+    learned signals nor piled-up held-out ones can push new signals past a limit."""
+    import hashlib
+
+    from clawd.training import data
+
     ids = []
-    for q in ("What color is the sky?", "What color is grass?", "What color is snow?"):
+    for q in ("What color is the sky?", "What color is grass?", "What color is snow?", "What color is coal?"):
         c = Convo(md, http)
         ids.append(c.say(q))
         c.say(THANKS)
     mine(md)
-    everything = [s.turn_id for s in md.run(signals.trainable(md.state.db))]
-    assert everything == ids  # oldest first
-    left = md.run(signals.trainable(md.state.db, exclude=set(ids[:2]), limit=1))
-    assert [s.turn_id for s in left] == [ids[2]]
-    assert md.run(signals.trainable(md.state.db, exclude=ids)) == []
+    db = md.state.db
+    assert md.run(signals.trainable_ids(db)) == ids  # oldest first
+    assert [s.turn_id for s in md.run(signals.trainable(db, exclude=set(ids[:2]), limit=1))] == [ids[2]]
+    assert md.run(signals.trainable_ids(db, model=MODEL)) == ids
+    assert md.run(signals.trainable_ids(db, model="another-model")) == []  # its ids mean nothing here
+
+    # A fraction that holds out exactly the two turns with the smallest hashes.
+    h = {t: int.from_bytes(hashlib.sha256(t.encode()).digest()[:8], "big") / 2**64 for t in ids}
+    fraction = sorted(h.values())[2]
+    held = [t for t in ids if h[t] < fraction]
+    train = [t for t in ids if t not in held]
+    assert md.run(data.split_signals(db, MODEL, fraction)) == (train, held)
+    monkeypatch.setattr(data, "MAX_TRAIN", 1)
+    monkeypatch.setattr(data, "MAX_HOLDOUT", 1)
+    assert md.run(data.split_signals(db, MODEL, fraction)) == (train[:1], held[-1:])  # held out: the newest
 
 
 def test_veto_unveto_round_trip(md, http, monkeypatch, capsys):

@@ -208,6 +208,9 @@ def test_a_bad_adapter_is_refused_and_changes_nothing(models, adapters, tmp_path
     (dora / "adapters.safetensors").write_bytes((adapters["dir"]["A"] / "adapters.safetensors").read_bytes())
     with pytest.raises(AdapterError, match="dora"):
         eng.load_adapter("D", dora)
+    (dora / "adapter_config.json").write_text("[1, 2]")  # JSON, but not an object
+    with pytest.raises(AdapterError, match="not a JSON object"):
+        eng.load_adapter("D", dora)
     assert eng.loaded_adapters == ["A"]
     assert np.array_equal(eng.score(prompt, targets, adapter="A", reuse_cache=False).logprobs, with_a)
     eng.close()

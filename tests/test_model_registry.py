@@ -355,3 +355,20 @@ def test_pull_errors_are_one_line_and_change_nothing(clawd_home, hub):
         assert state(clawd_home) == before, argv
     assert not any(path.startswith("/acme/") and "/resolve/" in path for _, path in hub.requests)
     assert not (clawd_home / "data" / "models" / "hf").exists()
+
+
+def test_a_directory_model_is_named_by_its_whole_name(tmp_path):
+    """Adapters are keyed by the model id: two MLX directories differing after a dot must not share one."""
+    from clawd.config import ModelSettings
+    from clawd.models import resolve_model
+    from clawd.paths import resolve_paths
+
+    paths = resolve_paths({"CLAWD_HOME": str(tmp_path / "home")})
+    ids = []
+    for name in ("Qwen2.5-0.5B-Instruct-4bit", "Qwen2.5-1.5B-Instruct-4bit"):
+        (tmp_path / name).mkdir()
+        ids.append(resolve_model(ModelSettings(engine="mlx", path=str(tmp_path / name)), paths).id)
+    assert ids == ["Qwen2.5-0.5B-Instruct-4bit", "Qwen2.5-1.5B-Instruct-4bit"]
+    gguf = tmp_path / "gemma-3-270m.Q4_K_M.gguf"
+    gguf.write_bytes(b"")
+    assert resolve_model(ModelSettings(path=str(gguf)), paths).id == "gemma-3-270m.Q4_K_M"

@@ -33,7 +33,8 @@ def test_two_starts_at_once_make_one_run(train_daemon):
     assert wait_run(d)["result"]["promoted"]
 
 
-def test_a_stopped_job_is_dropped_when_settings_or_the_active_adapter_changed(train_daemon):
+@pytest.mark.parametrize("change", ["settings", "model_path"])
+def test_a_stopped_job_is_dropped_when_settings_or_the_served_weights_changed(train_daemon, change):
     d = train_daemon
     sched = d.state.scheduler
     make_ready_signals(d, 4)
@@ -41,8 +42,13 @@ def test_a_stopped_job_is_dropped_when_settings_or_the_active_adapter_changed(tr
     wait_for(d, lambda s: s["phase"] == "train" and s["step"] >= 1)
     training(d, "POST", "/clawd/training/stop")
     assert wait_run(d)["result"]["resumable"]
-    # The user changed a training knob meanwhile: the checkpoint belongs to another config.
-    sched.settings = dataclasses.replace(sched.settings, learning_rate=sched.settings.learning_rate / 2)
+    if change == "settings":  # the user changed a training knob: the checkpoint belongs to another config
+        sched.settings = dataclasses.replace(sched.settings, learning_rate=sched.settings.learning_rate / 2)
+    else:  # same model name, other weights (model.path moved): the checkpoint trained those
+        job_file = sched.jobs_dir / first / "job.json"
+        job_file.write_text(job_file.read_text().replace(json.dumps(str(d.state.chat.runner.engine.info.path)),
+                                                         json.dumps("/elsewhere/model.gguf")))
+        assert "/elsewhere/model.gguf" in job_file.read_text()
     second = training(d, "POST")["job_id"]
     assert second != first and not (sched.jobs_dir / first).exists()
     assert wait_run(d)["result"]["promoted"]
@@ -125,8 +131,8 @@ def test_export_to_a_bad_path_is_a_clear_400(train_daemon, tmp_path):
     with d.client() as c:
         r = c.post(f"/clawd/adapters/{aid}/export", json={"format": "gguf", "path": str(blocker / "x.gguf")})
         assert r.status_code == 400 and "pick a writable path" in r.json()["error"]["message"], r.text
-        r = c.post(f"/clawd/adapters/{aid}/export", json={"format": "gguf", "path": str(tmp_path / "ok.gguf")})
-        assert r.status_code == 200 and (tmp_path / "ok.gguf").stat().st_size > 0
+        r = c.post(f"/clawd/adapters/{aid}/export", json={"path": str(tmp_path / "ok.gguf")})  # default: gguf
+        assert r.status_code == 200 and r.json()["format"] == "gguf" and (tmp_path / "ok.gguf").stat().st_size > 0
 
 
 @pytest.mark.parametrize("train_base", ["dir"])
@@ -170,3 +176,6 @@ def test_a_dir_base_adapter_exports_as_mlx_and_peft_but_not_gguf(train_daemon, t
     assert cli.main(["adapters", "export", aid, "--format", "gguf", "--out", str(tmp_path / "y.gguf")]) == 1
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "no GGUF form" in err, err
+    assert cli.main(["adapters", "export", aid, "--out", str(tmp_path / "default")]) == 0  # no GGUF: mlx
+    assert capsys.readouterr().out.startswith(f"exported {aid} as mlx to ")
+    assert (tmp_path / "default" / "adapters.safetensors").read_bytes() == (src / "adapters.safetensors").read_bytes()

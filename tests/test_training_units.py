@@ -280,8 +280,11 @@ async def test_untrained_count_applies_the_job_builders_test(tmp_path, monkeypat
                    "empty": SimpleNamespace(id="empty", response_ids=[]),  # no sampled ids kept
                    "nothing": SimpleNamespace(id="nothing", response_ids=[5])}
 
-    async def trainable(db, exclude=()):
-        return [s for s in sigs if s.turn_id not in exclude]
+    async def trainable_ids(db, model=None, exclude=()):
+        return [s.turn_id for s in sigs if s.turn_id not in exclude]
+
+    async def get_many(db, ids):
+        return [s for s in sigs if s.turn_id in ids]
 
     async def trained_turns(db):
         return set()
@@ -289,10 +292,11 @@ async def test_untrained_count_applies_the_job_builders_test(tmp_path, monkeypat
     async def get_turn(db, turn_id):
         return turns_by_id.get(turn_id)
 
-    monkeypatch.setattr(data.signals, "trainable", trainable)
+    monkeypatch.setattr(data.signals, "trainable_ids", trainable_ids)
+    monkeypatch.setattr(data.signals, "get_many", get_many)
     monkeypatch.setattr(data.adapter_rows, "trained_turns", trained_turns)
     monkeypatch.setattr(data.turns, "get_turn", get_turn)
-    assert await data.untrained_count(None, 0.0) == 1
+    assert await data.untrained_count(None, "m", 0.0) == 1
     assert [s.turn_id for s in sigs if await data.usable_turn(None, s)] == ["ok"]
 
 
@@ -313,3 +317,35 @@ def test_stale_weight_cache_temp_dirs_are_swept(tmp_path, tiny_gguf):
     assert not stale.exists()  # a killed writer's full-size copy
     assert live.exists()  # possibly another trainer writing right now
     assert (entry / "config.json").is_file()
+
+
+def test_why_untrainable_reads_headers_only(tmp_path, tiny_gguf):
+    """The daemon turns training off (with the reason) for a model the trainer cannot build,
+    instead of starting a trainer that fails every run."""
+    from clawd.training import why_untrainable
+    from tests.tiny_models import build_tiny_gguf
+
+    assert why_untrainable(tiny_gguf) is None  # llama
+    assert why_untrainable(build_tiny_gguf(tmp_path / "g.gguf", arch="gemma3")) is None
+    model_dir = tmp_path / "phi"
+    model_dir.mkdir()
+    (model_dir / "config.json").write_text(json.dumps({"model_type": "qwen3"}))
+    assert why_untrainable(model_dir) is None
+    (model_dir / "config.json").write_text(json.dumps({"model_type": "phi3"}))
+    assert why_untrainable(model_dir) == ("phi is a 'phi3' model, and clawd trains gemma3_text, llama, qwen2, "
+                                          "qwen3 models only")
+    (model_dir / "config.json").write_text("{not json")
+    assert why_untrainable(model_dir).startswith("cannot read phi's architecture")
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"GGUF but not really")
+    assert why_untrainable(bad).startswith("cannot read bad.gguf's architecture")
+
+
+def test_without_training_the_api_says_why(fake_daemon):
+    import httpx
+
+    d = fake_daemon
+    for path in ("/clawd/training", "/clawd/adapters/ad-1"):
+        r = httpx.get(d.url + path, headers={"Authorization": f"Bearer {d.state.token}"})
+        assert r.status_code == 404, r.text
+        assert "the fake engine has no local weights to train" in r.json()["error"]["message"]

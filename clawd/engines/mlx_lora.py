@@ -89,6 +89,8 @@ class LoRASwitch:
             weights = mx.load(str(where / ADAPTER_FILE))
         except (OSError, ValueError, RuntimeError) as e:
             raise AdapterError(f"{path} is not a readable mlx-lm adapter directory ({e}); retrain the adapter") from e
+        if not isinstance(config, dict):
+            raise AdapterError(f"{where}: {CONFIG_FILE} is not a JSON object; retrain the adapter")
         kind = config.get("fine_tune_type", "lora")
         if kind != "lora":
             raise AdapterError(f"{where}: fine_tune_type {kind!r} cannot be swapped at runtime (plain LoRA only)")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -193,11 +193,27 @@ TRAINABLE_WHERE = "status = 'ready' AND vetoed = 0"
 TRAINABLE_SQL = f"SELECT * FROM signals WHERE {TRAINABLE_WHERE} ORDER BY created_at, rowid LIMIT ?"
 
 
-async def trainable(db: Database, *, exclude: Iterable[str] = (), limit: int = 10_000) -> list[Signal]:
-    """What the trainer may learn from: ready, not vetoed (forgotten turns are gone), minus the
-    `exclude` turns (already learned). Excluded in SQL, so the limit counts only what is left:
-    a long-lived daemon's old, learned signals can never crowd new ones out."""
+async def trainable_ids(db: Database, *, model: str | None = None, exclude: Iterable[str] = ()) -> list[str]:
+    """Turn ids of what the trainer may learn from, oldest first: ready, not vetoed (forgotten
+    turns are gone), answered by `model` (another model's token ids mean nothing to this one),
+    minus the `exclude` turns (already learned). Ids only, so a long history stays cheap."""
     rows = await db.conn.execute_fetchall(
-        f"SELECT * FROM signals WHERE {TRAINABLE_WHERE} AND turn_id NOT IN (SELECT value FROM json_each(?)) "
-        "ORDER BY created_at, rowid LIMIT ?", (json.dumps(sorted(exclude)), limit))
-    return [from_row(r) for r in rows]
+        f"SELECT turn_id FROM signals WHERE {TRAINABLE_WHERE} "
+        "AND turn_id NOT IN (SELECT value FROM json_each(?)) "
+        "AND (? IS NULL OR turn_id IN (SELECT id FROM turns WHERE model = ?)) "
+        "ORDER BY created_at, rowid", (json.dumps(sorted(exclude)), model, model))
+    return [r[0] for r in rows]
+
+
+async def get_many(db: Database, turn_ids: Sequence[str]) -> list[Signal]:
+    """The signals of `turn_ids`, in that order (ids without a signal are skipped)."""
+    rows = await db.conn.execute_fetchall(
+        "SELECT * FROM signals WHERE turn_id IN (SELECT value FROM json_each(?))", (json.dumps(list(turn_ids)),))
+    by_id = {r["turn_id"]: from_row(r) for r in rows}
+    return [by_id[t] for t in turn_ids if t in by_id]
+
+
+async def trainable(db: Database, *, model: str | None = None, exclude: Iterable[str] = (),
+                    limit: int = 10_000) -> list[Signal]:
+    """The first `limit` of `trainable_ids`, as signals."""
+    return await get_many(db, (await trainable_ids(db, model=model, exclude=exclude))[:limit])

@@ -62,6 +62,10 @@ class Job:
         return TrainingSettings(**self.config)
 
 
+MAX_TRAIN = 10_000  # samples per job, oldest first (a run checkpoints per step, so a long one resumes)
+MAX_HOLDOUT = 256  # held-out samples the gate scores per run, newest first
+
+
 def is_holdout(turn_id: str, fraction: float) -> bool:
     """A stable split: a turn is held out for the gate forever, or never."""
     h = int.from_bytes(hashlib.sha256(turn_id.encode()).digest()[:8], "big")
@@ -112,10 +116,21 @@ def canary_samples(chat: ChatService) -> list[Sample]:
     return out
 
 
-async def untrained_count(db: Database, holdout: float) -> int:
+async def split_signals(db: Database, model: str, holdout: float) -> tuple[list[str], list[str]]:
+    """(train, held-out) turn ids a job may take: not yet learned by a live adapter, answered by
+    `model`. Split before any cap, so neither side can crowd the other out of a long history;
+    the gate judges on the newest held-out signals."""
+    ids = await signals.trainable_ids(db, model=model, exclude=await adapter_rows.trained_turns(db))
+    train = [t for t in ids if not is_holdout(t, holdout)]
+    held = [t for t in ids if is_holdout(t, holdout)]
+    return train[:MAX_TRAIN], held[-MAX_HOLDOUT:]
+
+
+async def untrained_count(db: Database, model: str, holdout: float) -> int:
+    train, _ = await split_signals(db, model, holdout)
     n = 0
-    for s in await signals.trainable(db, exclude=await adapter_rows.trained_turns(db)):
-        if not is_holdout(s.turn_id, holdout) and await usable_turn(db, s):
+    for s in await signals.get_many(db, train):
+        if await usable_turn(db, s):
             n += 1
     return n
 
@@ -123,15 +138,15 @@ async def untrained_count(db: Database, holdout: float) -> int:
 async def build_job(db: Database, chat: ChatService, settings: TrainingSettings, *, job_id: str,
                     model_path: Path, parent: adapter_rows.AdapterRecord | None) -> Job:
     """Everything one trainer run needs. Train samples: ready, non-vetoed signals not yet
-    learned by a live adapter; holdout: every ready held-out signal (never trained on)."""
+    learned by a live adapter; holdout: the newest ready held-out signals (never trained on)."""
     job = Job(job_id, str(model_path), chat.model_id, dataclasses.asdict(settings),
               parent_id=parent.id if parent else None, parent_path=parent.path if parent else None)
-    # Learned turns were never held out (held-out ones are never trained on), so excluding them keeps every holdout.
-    for sig in await signals.trainable(db, exclude=await adapter_rows.trained_turns(db)):
-        held = is_holdout(sig.turn_id, settings.holdout)
-        sample = await _sample(db, chat, sig, settings.max_tokens)
-        if sample is not None:
-            (job.holdout if held else job.train).append(sample)
+    train, held = await split_signals(db, chat.model_id, settings.holdout)
+    for part, ids in ((job.train, train), (job.holdout, held)):
+        for sig in await signals.get_many(db, ids):
+            sample = await _sample(db, chat, sig, settings.max_tokens)
+            if sample is not None:
+                part.append(sample)
     job.canary = canary_samples(chat)
     return job
 

@@ -31,9 +31,9 @@ from mlx_lm.models import gemma3_text
 from mlx_lm.models.base import create_attention_mask
 
 from clawd.errors import ModelLoadError
+from clawd.training import MODEL_TYPES
 
 CACHE_VERSION = 1  # bump when the cached weights' meaning changes
-MODEL_TYPES = {"gemma3": "gemma3_text", "llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
 
 # GGUF per-block tensor -> mlx-lm module path (relative to model.layers.N).
 _BLOCK = {
