@@ -254,7 +254,7 @@ def test_unrelated_follow_up_is_zero_and_empty(md, http):
     s = api_signal(http, md, t1)
     assert (s["status"], s["reward"], s["reward_source"]) == ("empty", 0, "none")
     assert s["hints"] == [] and s["teacher_arrays"] is False
-    assert t1 not in {x.turn_id for x in md.run(signals.trainable(md.state.db))}
+    assert t1 not in md.run(signals.trainable_ids(md.state.db))
 
 
 # --- explicit feedback ---------------------------------------------------------------------------
@@ -496,7 +496,8 @@ def test_a_long_history_never_crowds_out_new_signals(md, http, monkeypatch):
     mine(md)
     db = md.state.db
     assert md.run(signals.trainable_ids(db)) == ids  # oldest first
-    assert [s.turn_id for s in md.run(signals.trainable(db, exclude=set(ids[:2]), limit=1))] == [ids[2]]
+    assert md.run(signals.trainable_ids(db, exclude=set(ids[:2]))) == ids[2:]
+    assert [s.turn_id for s in md.run(signals.get_many(db, ids[::-1]))] == ids[::-1]  # in the asked order
     assert md.run(signals.trainable_ids(db, model=MODEL)) == ids
     assert md.run(signals.trainable_ids(db, model="another-model")) == []  # its ids mean nothing here
 
@@ -518,7 +519,7 @@ def test_veto_unveto_round_trip(md, http, monkeypatch, capsys):
     t1 = c.say("What color is the sky?")
     c.say(THANKS)
     mine(md)
-    trainable = lambda: [s.turn_id for s in md.run(signals.trainable(md.state.db))]  # noqa: E731
+    trainable = lambda: md.run(signals.trainable_ids(md.state.db))  # noqa: E731
     assert trainable() == [t1]
 
     r = http.post(md.url + f"/clawd/signals/{t1}/veto")

@@ -212,8 +212,3 @@ async def get_many(db: Database, turn_ids: Sequence[str]) -> list[Signal]:
     by_id = {r["turn_id"]: from_row(r) for r in rows}
     return [by_id[t] for t in turn_ids if t in by_id]
 
-
-async def trainable(db: Database, *, model: str | None = None, exclude: Iterable[str] = (),
-                    limit: int = 10_000) -> list[Signal]:
-    """The first `limit` of `trainable_ids`, as signals."""
-    return await get_many(db, (await trainable_ids(db, model=model, exclude=exclude))[:limit])
