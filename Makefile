@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: serve chat test test-fast demo bench-serve bench-learning bench-train bench-tui bench-mlx
+.PHONY: serve chat test test-fast demo bench-serve bench-learning bench-hints bench-train bench-tui bench-mlx
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -33,6 +33,9 @@ bench-serve: $(STAMP)  ## serving speed through the daemon vs raw llama-cpp-pyth
 bench-learning: $(STAMP)  ## simulated users: does it learn their preference? hybrid vs RL vs OPD (~25 min; ARGS=... to change)
 	$(PY) -m pip install --quiet -e ".[bench]"
 	$(PY) benchmarks/learning.py $(ARGS)
+
+bench-hints: $(STAMP)  ## does the hinted teacher (base + the user's correction) comply? per hint wording (~3 min)
+	$(PY) benchmarks/hint_wording.py $(ARGS)
 
 bench-tui: $(STAMP)  ## TUI start-up to the first screen vs a bare Textual app (goal < 1 s)
 	$(PY) benchmarks/tui_startup.py

@@ -105,6 +105,10 @@ class TrainingSettings:
                       "Comma-separated projections of every block that get LoRA.")
     w_rl: float = _f(1.0, "Weight of the PPO-clip RL term (0 = OPD-only ablation).", min=0.0)
     w_opd: float = _f(1.0, "Weight of the on-policy distillation term (0 = binary-RL-only ablation).", min=0.0)
+    teacher: str = _f("base", "Who scores the hinted answer for on-policy distillation in training: base (the "
+                              "frozen base model + hint, METHOD.md §3) or policy (the active adapter, each run's "
+                              "π_old, + hint: no pull back toward the base). The miner picks hints with the base "
+                              "either way.", choices=("base", "policy"))
     max_tokens: int = _f(512, "Longest prompt+response a sample may have; longer prompts are cut from the left.",
                          min=16)
     holdout: float = _f(0.2, "Fraction of signals held out from training for the eval gate.", min=0.0, max=0.9)

@@ -30,6 +30,9 @@ def test_short_learning_run_writes_json_table_and_plot(tmp_path):
     # Compliance before and after the one run (2 epochs = 2 optimizer steps), on 2 held-out prompts.
     assert [p["step"] for p in arm["curve"]] == [0, 2]
     assert all(len(p["answers"]) == 2 and 0 <= p["greedy"] <= 1 and 0 <= p["sampled"] <= 1 for p in arm["curve"])
+    # ... and of the hinted base (the teacher) on the same prompts, the user's correction appended.
+    teacher = arm["teacher"]["answers"]
+    assert len(teacher) == 2 and all("[user's hint / instruction]" in a["prompt"] for a in teacher)
     # Every session became a mined signal; the sessions the detector failed carry the user's hint.
     assert len(arm["sessions"]) >= 2 and all(s["signal"] in ("ready", "empty") for s in arm["sessions"])
     for s in arm["sessions"]:

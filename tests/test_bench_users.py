@@ -155,22 +155,26 @@ def test_markdown_table_means_over_seeds():
                 "curve": [{"step": 0, "greedy": 0.0, "sampled": 0.0}, {"step": 4, "greedy": after, "sampled": after}],
                 "rounds": [{"promoted": True, "gate": {"kl_to_base": 0.1}},
                            {"promoted": False, "gate": {"kl_to_base": 0.9}}],
-                "sessions": [{"passed": p} for p in (False, True, True, True)]}
+                "sessions": [{"passed": p} for p in (False, True, True, True)],
+                "teacher": {"greedy": 0.5 * seed, "sampled": 0.5}}
     results = {"config": {"eval_temperature": 0.7, "kl_bound": 0.5}, "arms": [arm(0, 0.5), arm(1, 1.0)]}
     row = report.markdown(results).splitlines()[-1]
-    assert row.startswith("| terse | hybrid | 2 | 0% / 0% | 75% / 75% | – / – |"), row
+    assert row.startswith("| terse | hybrid | 2 | 0% / 0% | 25% / 50% | 75% / 75% | – / – |"), row
     assert "| 4.0 |" in row and "0.100 (0.5)" in row and "1.0 of 2.0" in row
 
 
-@pytest.mark.parametrize("method,w_rl,w_opd", [("hybrid", 1.0, 1.0), ("rl", 1.0, 0.0), ("opd", 0.0, 1.0)])
-def test_each_method_is_only_a_loss_weight_and_the_daemon_reads_it(tmp_path, method, w_rl, w_opd):
+@pytest.mark.parametrize("method,w_rl,w_opd,teacher", [
+    ("hybrid", 1.0, 1.0, "base"), ("rl", 1.0, 0.0, "base"), ("opd", 0.0, 1.0, "base"),
+    ("hybrid-self", 1.0, 1.0, "policy"), ("opd-self", 0.0, 1.0, "policy")])
+def test_each_method_is_only_loss_weights_and_teacher_and_the_daemon_reads_them(tmp_path, method, w_rl, w_opd,
+                                                                                teacher):
     from clawd.bench.learning import Budget, daemon_settings
     from clawd.config import load_settings
 
     budget = Budget(batch=3, epochs=2, learning_rate=3e-4, kl_bound=0.7, holdout=0.0)
     s = load_settings(tmp_path / "config.toml", daemon_settings(method, budget))
     t = s.training
-    assert (t.w_rl, t.w_opd) == (w_rl, w_opd)
+    assert (t.w_rl, t.w_opd, t.teacher) == (w_rl, w_opd, teacher)
     assert (t.auto, t.min_signals, t.epochs, t.learning_rate, t.kl_bound, t.holdout) == (False, 3, 2, 3e-4, 0.7, 0.0)
     assert t.batch_size >= 1000  # one run = one batch, whatever the number of signals waiting
     assert s.mining.judge == s.mining.hint_judge == "rules"
@@ -186,6 +190,85 @@ def test_a_run_cut_short_still_writes_what_it_measured(tmp_path):
                "arms": [measured, started]}
     _write(results, tmp_path, elapsed=12.0)
     table = (tmp_path / "results.md").read_text()
-    assert "| terse | rl | 1 | 50% / 25% | – / – |" in table and "| opd |" not in table
+    assert "| terse | rl | 1 | 50% / 25% | – / – | – / – |" in table and "| opd |" not in table
     assert "wall time 12 s" in table
     assert len(json.loads((tmp_path / "results.json").read_text())["arms"]) == 2
+
+
+class RecordingDaemon:
+    """Stands in for the daemon in measure(): records what was asked, answers from a script."""
+
+    def __init__(self, answer):
+        self.asked, self.answer = [], answer
+
+    def chat(self, messages, **kw):
+        self.asked.append(messages)
+        return {"text": self.answer(messages[-1]["content"])}
+
+
+@pytest.mark.parametrize("name", shipped_users())
+def test_the_teacher_measurement_asks_with_the_hint_the_miner_would_make(name):
+    """measure(hinted=True) asks each held-out prompt in the teacher's context (METHOD §3):
+    one of the user's corrections, as the rules judge turns it into a hint, after the marker."""
+    from clawd.bench.learning import Budget, measure
+    from clawd.miner import HINT_MARKER
+
+    user = resolve_user(name)
+    budget = Budget(eval_prompts=3)
+    d = RecordingDaemon(lambda content: "fine")
+    point = measure(d, user, budget, "teacher", hinted=True)
+    assert len(d.asked) == 6 and len(point["answers"]) == 3  # greedy and sampled per prompt
+    for i, answer in enumerate(point["answers"]):
+        prompt, correction = user.held_out[i], user.corrections[i % len(user.corrections)]
+        mined = RulesJudge().correction(JudgeInput([{"role": "user", "content": prompt}], "an answer", correction,
+                                                   "user"))
+        assert mined and answer["prompt"] == prompt + HINT_MARKER + mined
+        assert d.asked[2 * i] == d.asked[2 * i + 1] == [{"role": "user", "content": answer["prompt"]}]
+    assert point["greedy"] == point["sampled"] == user.complies("fine")
+
+
+def test_the_teacher_measurement_skips_corrections_that_make_no_hint():
+    from clawd.bench.learning import Budget, measure
+
+    user = user_with([{"kind": "lowercase"}], held_out=["say bye.", "say hi."],
+                     reactions={"corrections": ["Hmm.", "Well well."], "approvals": ["Thanks."]})  # no cue: no hint
+    d = RecordingDaemon(lambda content: "ok")
+    point = measure(d, user, Budget(eval_prompts=2), "teacher", hinted=True)
+    assert d.asked == [] and point["greedy"] is None and point["sampled"] is None
+    plain = measure(d, user, Budget(eval_prompts=2), 0)
+    assert len(d.asked) == 4 and plain["greedy"] == 1.0  # unhinted: every prompt asked as it is
+
+
+def test_merge_pools_seeds_of_comparable_runs_and_refuses_others(tmp_path, capsys):
+    from clawd.bench.learning import main
+
+    def run(seed, after, lr=1e-4, model="m.gguf"):
+        arm = {"user": "terse", "method": "rl", "seed": seed, "rounds": [], "sessions": [],
+               "curve": [{"step": 0, "greedy": 0.0, "sampled": 0.0}, {"step": 4, "greedy": after, "sampled": after}]}
+        cut_short = {"user": "terse", "method": "opd", "seed": seed}  # killed before its first measurement
+        config = {"batch": 4, "epochs": 2, "eval_prompts": 8, "max_tokens": 48, "learning_rate": lr, "kl_bound": 0.5,
+                  "holdout": 0.0, "temperature": 0.7, "extra": {}, "eval_temperature": 0.7, "model": model,
+                  "seeds": [seed], "methods": ["rl", "opd"], "command": f"clawd bench learning --seeds {seed}"}
+        path = tmp_path / f"run{seed}-{lr}-{model}.json"
+        path.write_text(json.dumps({"config": config, "arms": [arm, cut_short], "wall_s": 100.0}))
+        return path
+
+    out = tmp_path / "merged"
+    assert main(["--merge", str(run(0, 0.5)), str(run(1, 1.0)), "--out", str(out)]) == 0
+    table = (out / "results.md").read_text()
+    assert "| terse | rl | 2 | 0% / 0% | – / – | 75% / 75% |" in table and "| opd |" not in table
+    assert "--seeds 0; clawd bench learning --seeds 1" in table and "wall time 200 s" in table
+    merged = json.loads((out / "results.json").read_text())
+    assert len(merged["arms"]) == 4 and merged["config"]["seeds"] == [0, 1]
+
+    for other, why in (({"lr": 5e-4}, "other learning_rate"), ({"model": "big.gguf"}, "other model"),
+                       ({}, "the same user, method and seed twice")):
+        assert main(["--merge", str(run(0, 0.5)), str(run(0, 1.0, **other)), "--out", str(tmp_path / "x")]) == 1
+        assert why in capsys.readouterr().err and not (tmp_path / "x").exists()
+    assert main(["--merge", str(out / "results.json"), "--out", str(out)]) == 1
+    assert "would overwrite" in capsys.readouterr().err
+    assert main(["--merge", str(tmp_path / "missing.json"), "--out", str(tmp_path / "y")]) == 1
+    assert "cannot read" in capsys.readouterr().err
+    (tmp_path / "other.json").write_text("[1, 2]")
+    assert main(["--merge", str(tmp_path / "other.json"), "--out", str(tmp_path / "z")]) == 1
+    assert "is not a results.json" in capsys.readouterr().err

@@ -428,3 +428,39 @@ def test_rl_step_moves_sampled_tokens_by_reward_sign(lm, r):
     after = np.array(response_logprobs(lm, ids, n_prompt, gather[:, :1]))[:, 0]
     lm.model.update(tree_unflatten(list(saved.items())))
     assert r * (after.mean() - old[:, 0].mean()) > 1e-4
+
+
+@pytest.mark.parametrize("teacher", ["base", "policy"])
+def test_teacher_scores_the_hinted_prompt_with_the_chosen_model(lm, teacher):
+    """training.teacher: "base" scores with the frozen base (a fresh model of the same seed,
+    no LoRA: the reference), "policy" with the adapter on; both at the student's top-k."""
+    from clawd.training.data import Sample
+    from clawd.training.evaluate import teacher_view
+
+    rng = np.random.default_rng(8)
+    prompt, hinted, response = ([int(t) for t in rng.integers(0, 100, n)] for n in (4, 9, 6))
+    top = rng.integers(0, 100, (6, 4))
+    sample = Sample("t", prompt, response, 1, hinted)
+    scorer = tiny_lm(0) if teacher == "base" else lm
+    want = np.take_along_axis(full_logsoftmax(scorer, mx.array(hinted + response, dtype=mx.int32))[8:-1], top, 1)
+    got = teacher_view(lm, sample, top, teacher)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    other = teacher_view(lm, sample, top, "policy" if teacher == "base" else "base")
+    assert np.abs(other - got).max() > 1e-3  # the LoRA moves these log-probs: the choice matters
+    assert teacher_view(lm, Sample("t", prompt, response, 1, None), top, teacher) is None
+
+
+def test_prepare_scores_the_teacher_it_is_told_to(lm, tmp_path):
+    """run.prepare hands training.teacher through: its cached teacher arrays are the chosen
+    teacher's at the student's top-k."""
+    from clawd.training.data import Sample
+    from clawd.training.evaluate import teacher_view
+    from clawd.training.run import prepare
+
+    sample = Sample("t", [5, 6, 7], [8, 9, 10, 11], -1, [5, 6, 7, 40, 41])
+    preps = {}
+    for teacher in ("base", "policy"):
+        (preps[teacher],) = prepare(lm, [sample], 4, tmp_path / f"{teacher}.npz", lambda i, n: None, teacher)
+        want = teacher_view(lm, sample, preps[teacher]["ids"][:, 1:], teacher)
+        np.testing.assert_array_equal(preps[teacher]["teacher"], want)
+    assert np.abs(preps["base"]["teacher"] - preps["policy"]["teacher"]).max() > 1e-3

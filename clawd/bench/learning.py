@@ -24,9 +24,14 @@ the user's correction sentence becomes the hint) and automatic training off. The
 4. After each run compliance is measured again, until `--steps` optimizer steps are done.
 
 Methods differ only in the loss weights (training.w_rl, training.w_opd), as METHOD.md §5
-defines the ablations. Results: JSON (everything, incl. every answer), a Markdown table and
-a PNG plot in --out. Seeds fix task order, reactions and sampling; the trainer's own seed is
-fixed too.
+defines the ablations; the `-self` variants also make the active adapter (each run's π_old)
+the hinted teacher (training.teacher = policy) instead of the frozen base. Before training,
+each arm also asks the held-out messages with the user's correction as a hint (the teacher's
+context): how often the hinted base complies bounds what distillation can teach.
+
+Results: JSON (everything, incl. every answer), a Markdown table and a PNG plot in --out;
+`--merge` pools the results.json of earlier runs (more seeds or methods) into one. Seeds fix
+task order, reactions and sampling; the trainer's own seed is fixed too.
 """
 
 from __future__ import annotations
@@ -49,10 +54,15 @@ from clawd.bench import report
 from clawd.bench.daemon import Daemon
 from clawd.bench.users import SimulatedUser, resolve_user, shipped_users
 from clawd.errors import ClawdError, ConfigError
+from clawd.judge import JudgeInput, RulesJudge
+from clawd.miner import teacher_messages
 
 # METHOD.md §5: an ablation is a loss weight, nothing else.
 METHODS = {"hybrid": {"w_rl": 1.0, "w_opd": 1.0}, "rl": {"w_rl": 1.0, "w_opd": 0.0},
-           "opd": {"w_rl": 0.0, "w_opd": 1.0}}
+           "opd": {"w_rl": 0.0, "w_opd": 1.0},
+           # The same with the active adapter (each run's π_old) as the hinted teacher (training.teacher = policy).
+           "hybrid-self": {"w_rl": 1.0, "w_opd": 1.0, "teacher": "policy"},
+           "opd-self": {"w_rl": 0.0, "w_opd": 1.0, "teacher": "policy"}}
 # Far above any run's sample count: one run = one batch = `epochs` optimizer steps.
 ONE_BATCH = 100_000
 
@@ -90,6 +100,7 @@ def daemon_settings(method: str, budget: Budget) -> dict[str, str]:
         "CLAWD_TRAINING_LEARNING_RATE": str(budget.learning_rate), "CLAWD_TRAINING_KL_BOUND": str(budget.kl_bound),
         "CLAWD_TRAINING_HOLDOUT": str(budget.holdout),
         "CLAWD_TRAINING_W_RL": str(w["w_rl"]), "CLAWD_TRAINING_W_OPD": str(w["w_opd"]),
+        "CLAWD_TRAINING_TEACHER": w.get("teacher", "base"),
         "CLAWD_MINING_JUDGE": "rules", "CLAWD_MINING_HINT_JUDGE": "rules", "CLAWD_MINING_QUIET_S": "0",
         "CLAWD_LOG_LEVEL": "warning", **budget.extra,
     }
@@ -99,21 +110,35 @@ def _say(*parts) -> None:
     print(*parts, flush=True)
 
 
-def measure(d: Daemon, user: SimulatedUser, budget: Budget, step: int) -> dict:
-    """Held-out compliance of the live adapter, greedy and sampled (fixed seeds, side turns)."""
+def measure(d: Daemon, user: SimulatedUser, budget: Budget, step: int | str, hinted: bool = False) -> dict:
+    """Held-out compliance of the live adapter, greedy and sampled (fixed seeds, side turns).
+    `hinted`: each prompt carries one of the user's corrections as the miner turns it into a
+    hint, in the teacher's context (METHOD §3): what the hinted teacher itself would answer
+    (a correction the rules judge makes no hint of is skipped: the miner would have none)."""
     prompts = user.held_out[: budget.eval_prompts]
     answers = []
     for i, prompt in enumerate(prompts):
         msgs = [{"role": "user", "content": prompt}]
+        if hinted:
+            hint = teacher_hint(user, prompt, i)
+            if hint is None:
+                continue
+            msgs = [m.model_dump(exclude_none=True) for m in teacher_messages(msgs, hint)]
         g = d.chat(msgs, max_tokens=budget.max_tokens, temperature=0.0, seed=0, session_id=f"eval-{step}-g{i}",
                    side=True)["text"]
         s = d.chat(msgs, max_tokens=budget.max_tokens, temperature=budget.temperature, seed=7919 + i,
                    session_id=f"eval-{step}-s{i}", side=True)["text"]
-        answers.append({"prompt": prompt, "greedy": g, "greedy_ok": user.complies(g),
+        answers.append({"prompt": msgs[-1]["content"], "greedy": g, "greedy_ok": user.complies(g),
                         "sampled": s, "sampled_ok": user.complies(s)})
-    n = max(len(answers), 1)
-    return {"step": step, "greedy": sum(a["greedy_ok"] for a in answers) / n,
-            "sampled": sum(a["sampled_ok"] for a in answers) / n, "answers": answers}
+    n = len(answers)
+    return {"step": step, "greedy": sum(a["greedy_ok"] for a in answers) / n if n else None,
+            "sampled": sum(a["sampled_ok"] for a in answers) / n if n else None, "answers": answers}
+
+
+def teacher_hint(user: SimulatedUser, prompt: str, i: int) -> str | None:
+    """The user's i-th correction (cycled) as the rules judge makes it a hint, or None."""
+    reply = user.corrections[i % len(user.corrections)]
+    return RulesJudge().correction(JudgeInput([{"role": "user", "content": prompt}], "", reply, "user"))
 
 
 def converse(d: Daemon, user: SimulatedUser, task: str, index: int, seed: int, budget: Budget) -> dict:
@@ -149,7 +174,10 @@ def run_arm(arm: dict, user: SimulatedUser, budget: Budget, home: Path, model: P
     tasks = user.session_tasks(budget.max_sessions, seed)
     with Daemon(home, daemon_settings(method, budget), model=model) as d:
         arm["curve"].append(measure(d, user, budget, 0))
-        _say(f"{tag} before: greedy {arm['curve'][0]['greedy']:.0%}, sampled {arm['curve'][0]['sampled']:.0%}")
+        arm["teacher"] = measure(d, user, budget, "teacher", hinted=True)
+        _say(f"{tag} before: greedy {arm['curve'][0]['greedy']:.0%}, sampled {arm['curve'][0]['sampled']:.0%}; "
+             f"the base with the user's hint: {report.fmt(arm['teacher']['greedy'])}, "
+             f"{report.fmt(arm['teacher']['sampled'])}")
         save()
         steps = 0
         while steps < budget.steps:
@@ -200,7 +228,8 @@ def run_arm(arm: dict, user: SimulatedUser, budget: Budget, home: Path, model: P
     return arm
 
 
-def _embedded_model(work: Path) -> Path:
+def embedded_model(work: Path) -> Path:
+    """The embedded Gemma 3 270M (from its PyPI package, no network) in a scratch home under `work`."""
     from clawd.models import ensure_embedded_model
     from clawd.paths import ensure_dirs, resolve_paths
 
@@ -248,6 +277,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", type=Path, help="GGUF to serve (default: the embedded Gemma 3 270M)")
     p.add_argument("--out", type=Path, help="results directory (default: bench-results/learning-<time>)")
     p.add_argument("--keep", action="store_true", help="keep the daemons' homes (databases, adapters, logs)")
+    p.add_argument("--merge", type=Path, nargs="+", metavar="RESULTS_JSON",
+                   help="run nothing: pool the arms of earlier runs (more seeds or methods) into one table and "
+                        "plot in --out")
     return p
 
 
@@ -257,6 +289,8 @@ def main(argv: list[str] | None = None) -> int:
     # what was measured so far is written.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
+        if args.merge:
+            return _merge(args.merge, args.out or Path("bench-results") / time.strftime("learning-%Y%m%d-%H%M%S"))
         return _run(args, list(sys.argv[1:] if argv is None else argv))
     except ClawdError as e:
         print(f"clawd bench learning: error: {e.message}", file=sys.stderr)
@@ -291,7 +325,8 @@ def _run(args, argv: list[str]) -> int:
     _say(f"clawd bench learning: {len(users)} user(s) x {len(methods)} method(s) x {len(seeds)} seed(s), "
          f"{budget.steps} steps of {budget.batch} signals; work dir {work}")
     try:
-        model = args.model or _embedded_model(work)
+        model = args.model or embedded_model(work)
+        results["config"]["model"] = model.name
         shared_cache = work / "shared-cache"
         shared_cache.mkdir()
         for user in users:
@@ -314,6 +349,51 @@ def _run(args, argv: list[str]) -> int:
     _say(report.markdown(results))
     _say(f"wall time {results['wall_s']:.0f} s; results in {out}/ (results.json, results.md"
          f"{', compliance.png' if note is None else ''}){'; ' + note if note else ''}")
+    return 0
+
+
+# What every arm's numbers depend on: runs pooled by --merge must agree on these (steps may
+# differ: an arm that did not get to a milestone shows "–" there).
+COMPARABLE = ("batch", "epochs", "eval_prompts", "max_tokens", "learning_rate", "kl_bound", "holdout",
+              "temperature", "extra")
+
+
+def _merge(paths: list[Path], out: Path) -> int:
+    runs = []
+    for path in paths:
+        try:
+            run = json.loads(path.read_text())
+        except (OSError, ValueError) as e:
+            raise ConfigError(f"--merge: cannot read {path} ({e})") from None
+        if not (isinstance(run, dict) and isinstance(run.get("config"), dict) and isinstance(run.get("arms"), list)
+                and all(isinstance(a, dict) for a in run["arms"])):
+            raise ConfigError(f"--merge: {path} is not a results.json of clawd bench learning")
+        if (out / "results.json").resolve() == path.resolve():
+            raise ConfigError(f"--merge: --out {out} would overwrite {path}; choose another directory")
+        runs.append(run)
+    first = runs[0]["config"]
+    for path, run in zip(paths, runs):
+        cfg = run["config"]
+        differ = [k for k in COMPARABLE if cfg.get(k) != first.get(k)]
+        if cfg.get("model") and first.get("model") and cfg["model"] != first["model"]:  # older runs lack it
+            differ.append("model")
+        if differ:
+            raise ConfigError(f"--merge: {path} was run with other {', '.join(differ)} than {paths[0]}")
+    arms = [a for r in runs for a in r["arms"]]
+    keys = [(a.get("user"), a.get("method"), a.get("seed")) for a in arms]
+    twice = sorted({k for k in keys if keys.count(k) > 1}, key=str)
+    if twice:
+        raise ConfigError(f"--merge: the same user, method and seed twice: {twice}")
+    union = {k: list(dict.fromkeys(v for r in runs for v in r["config"].get(k, []))) for k in
+             ("users", "user_files", "methods", "seeds")}
+    results = {"config": {**first, **union, "command": "; ".join(r["config"].get("command", str(p))
+                                                             for p, r in zip(paths, runs))},
+               "arms": arms}
+    out.mkdir(parents=True, exist_ok=True)
+    note = _write(results, out, elapsed=sum(r.get("wall_s", 0) for r in runs))
+    _say(report.markdown({**results, "arms": [a for a in arms if a.get("curve")]}))
+    _say(f"{len(arms)} arms from {len(runs)} runs (wall time {results['wall_s']:.0f} s in all); "
+         f"results in {out}/{'; ' + note if note else ''}")
     return 0
 
 

@@ -42,6 +42,8 @@ def summarize(arm: dict) -> dict:
         "steps": curve[-1]["step"] if curve else 0,
         "sessions": len(arm["sessions"]),
         **{f"{key}_before": curve[0][key] for key in ("greedy", "sampled")},
+        # the hinted base (the OPD teacher) on the same prompts: what distillation could pass on
+        **{f"{key}_teacher": arm["teacher"][key] if arm.get("teacher") else None for key in ("greedy", "sampled")},
         **{f"{key}_after_{s}": compliance_at(curve, s, key) for key in ("greedy", "sampled") for s in MILESTONES},
         **{f"{key}_final": curve[-1][key] for key in ("greedy", "sampled")},
         "sessions_to_criterion": sessions_to_criterion([s["passed"] for s in arm["sessions"]]),
@@ -60,7 +62,7 @@ def _mean(values: list) -> float | None:
     return statistics.fmean(vals) if vals else None
 
 
-def _fmt(v, pct: bool = True) -> str:
+def fmt(v, pct: bool = True) -> str:
     if v is None:
         return "–"
     return f"{v:.0%}" if pct else f"{v:.3f}"
@@ -87,19 +89,21 @@ def group(summaries: list[dict]) -> list[dict]:
 
 def markdown(results: dict) -> str:
     grouped = group([summarize(a) for a in results["arms"]])
-    head = ("| user | method | seeds | compliance before | after 4 steps | after 8 steps | after 16 steps "
-            "| at the end (steps) | sessions to criterion | training-session compliance "
+    head = ("| user | method | seeds | compliance before | base + hint (teacher) | after 4 steps | after 8 steps "
+            "| after 16 steps | at the end (steps) | sessions to criterion | training-session compliance "
             "| canary KL to base (bound) | runs refused |")
     lines = [
         "Compliance on held-out first messages, greedy / sampled (T = "
-        f"{results['config']['eval_temperature']}); means over seeds. \"–\": training did not get that far.",
+        f"{results['config']['eval_temperature']}); means over seeds. \"–\": training did not get that far. "
+        "Base + hint: the base model asked with the user's correction as a hint, the teacher's context "
+        "(for the -self methods, their teacher before the first run).",
         "",
         head, "|" + "---|" * (head.count("|") - 1),
     ]
     bound = results["config"]["kl_bound"]
     for g in grouped:
-        cells = [f"{_fmt(g[f'greedy_{k}'])} / {_fmt(g[f'sampled_{k}'])}"
-                 for k in ("before", *(f"after_{s}" for s in MILESTONES), "final")]
+        cells = [f"{fmt(g[f'greedy_{k}'])} / {fmt(g[f'sampled_{k}'])}"
+                 for k in ("before", "teacher", *(f"after_{s}" for s in MILESTONES), "final")]
         cells[-1] += f" ({g['steps']:.0f})"
         if g["criterion_reached"]:
             crit = f"{g['sessions_to_criterion']:.1f}"
@@ -108,7 +112,7 @@ def markdown(results: dict) -> str:
         else:
             crit = f"not in {g['sessions']:.0f}"
         lines.append(f"| {g['user']} | {g['method']} | {g['seeds']} | " + " | ".join(cells)
-                     + f" | {crit} | {_fmt(g['training_compliance'])} | {_fmt(g['kl_to_base'], False)} ({bound}) "
+                     + f" | {crit} | {fmt(g['training_compliance'])} | {fmt(g['kl_to_base'], False)} ({bound}) "
                      f"| {g['refused']:.1f} of {g['runs']:.1f} |")
     return "\n".join(lines) + "\n"
 

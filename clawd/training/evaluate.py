@@ -14,7 +14,7 @@ TrainingSettings, and promotion itself is clawd/adapters.py's job.
 
 from __future__ import annotations
 
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 
 import mlx.core as mx
 import numpy as np
@@ -65,12 +65,13 @@ def student_view(lm, s: Sample, k: int) -> tuple[np.ndarray, np.ndarray]:
     return np.array(gather), np.array(lp)
 
 
-def teacher_view(lm, s: Sample, top_ids: np.ndarray) -> np.ndarray | None:
-    """Base model + hint, at the student's top-k ids: (n, k), or None without a hint."""
+def teacher_view(lm, s: Sample, top_ids: np.ndarray, teacher: str = "base") -> np.ndarray | None:
+    """The teacher + hint at the student's top-k ids: (n, k), or None without a hint. The
+    teacher is the frozen base ("base") or the model as it stands, adapter on ("policy")."""
     if s.teacher_prompt_ids is None:
         return None
     ids, n_prompt = tokens(s, teacher=True)
-    with base_model(lm.model):
+    with base_model(lm.model) if teacher == "base" else nullcontext():
         lp = response_logprobs(lm, ids, n_prompt, mx.array(top_ids, dtype=mx.int32))
         mx.eval(lp)
     return np.array(lp)
@@ -83,20 +84,21 @@ def advantages(top_old: np.ndarray, top_teacher: np.ndarray, delta_clip: float) 
     return w * np.clip(top_teacher - top_old, -delta_clip, delta_clip)
 
 
-def direction(lm, samples: list[Sample], active: dict, candidate: dict, k: int, delta_clip: float) -> dict:
+def direction(lm, samples: list[Sample], active: dict, candidate: dict, k: int, delta_clip: float,
+              teacher: str = "base") -> dict:
     """Mean signalled-direction gain of the candidate over the active adapter."""
     gains = []
     for s in samples:
         set_lora_params(lm.model, active)
         ids, lp_active = student_view(lm, s, k)
-        teacher = teacher_view(lm, s, ids[:, 1:])
+        top_teacher = teacher_view(lm, s, ids[:, 1:], teacher)
         set_lora_params(lm.model, candidate)
         t, n_prompt = tokens(s)
         lp_cand = np.array(response_logprobs(lm, t, n_prompt, mx.array(ids)))
         diff = lp_cand - lp_active
         gain = s.reward * float(diff[:, 0].mean()) if s.reward else 0.0
-        if teacher is not None:
-            gain += float((advantages(lp_active[:, 1:], teacher, delta_clip) * diff[:, 1:]).sum(axis=1).mean())
+        if top_teacher is not None:
+            gain += float((advantages(lp_active[:, 1:], top_teacher, delta_clip) * diff[:, 1:]).sum(axis=1).mean())
         gains.append(gain)
     set_lora_params(lm.model, candidate)
     return {"n": len(gains), "gain": float(np.mean(gains)) if gains else None,

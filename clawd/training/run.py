@@ -85,10 +85,11 @@ def attach_lora(lm, settings, parent_path: str | None) -> str | None:
     return note
 
 
-def prepare(lm, samples, k: int, cache: Path, progress: Callable[[int, int], None]) -> list[dict]:
+def prepare(lm, samples, k: int, cache: Path, progress: Callable[[int, int], None],
+            teacher: str = "base") -> list[dict]:
     """π_old (the current LoRA = the parent) at the sampled tokens and its top-k, and the
-    teacher (base + hint) at that top-k, for every sample: recomputed in MLX so no ratio
-    mixes engines (STACK.md). Cached in the job dir for resumes."""
+    teacher (training.teacher + hint) at that top-k, for every sample: recomputed in MLX so
+    no ratio mixes engines (STACK.md). Cached in the job dir for resumes."""
     import numpy as np
 
     from clawd.training.evaluate import student_view, teacher_view
@@ -100,7 +101,7 @@ def prepare(lm, samples, k: int, cache: Path, progress: Callable[[int, int], Non
     out = []
     for i, s in enumerate(samples):
         ids, old = student_view(lm, s, k)
-        out.append({"ids": ids, "old": old, "teacher": teacher_view(lm, s, ids[:, 1:])})
+        out.append({"ids": ids, "old": old, "teacher": teacher_view(lm, s, ids[:, 1:], teacher)})
         progress(i + 1, len(samples))
     arrays = {f"{name}{i}": p[name] for i, p in enumerate(out) for name in ("ids", "old", "teacher")
               if p[name] is not None}
@@ -278,7 +279,7 @@ def run(job_dir: Path, cache_dir: Path, out_dir: Path, *, stock_blas: bool = Fal
             raise StopRequested
 
     try:
-        prep = prepare(lm, job.train, k, job_dir / "prepared.npz", prepared)
+        prep = prepare(lm, job.train, k, job_dir / "prepared.npz", prepared, cfg.teacher)
     except StopRequested:
         emit("stopped", step=0, total=0)
         return STOPPED
@@ -313,7 +314,7 @@ def run(job_dir: Path, cache_dir: Path, out_dir: Path, *, stock_blas: bool = Fal
     emit("phase", phase="gate", holdout=len(job.holdout))
     candidate = evaluate.lora_params(lm.model)
     judged_on = "holdout" if job.holdout else "train"  # no held-out signal yet: say so
-    gate = evaluate.direction(lm, job.holdout or job.train, active, candidate, k, weights.delta_clip)
+    gate = evaluate.direction(lm, job.holdout or job.train, active, candidate, k, weights.delta_clip, cfg.teacher)
     if stop.requested:  # direction() leaves the candidate's weights in place
         return stopped(len(plan))
     gate.update(judged_on=judged_on, kl_to_base=evaluate.kl_to_base(lm, job.canary), kl_bound=cfg.kl_bound)
