@@ -5,8 +5,8 @@ user's correction in its context (METHOD.md §3). This script asks the held-out 
 of each simulated user (clawd/bench/users/) with one of that user's corrections, turned into a
 hint by the rules judge exactly as the miner does, in several wordings, through a real daemon,
 and prints the teacher's compliance (greedy / sampled at T = 0.7): the ceiling of what the OPD
-term can teach. `method` is the wording clawd uses; the others are alternatives measured
-against it.
+term can teach. `method` is METHOD.md §3's wording, the one clawd uses; the others are
+alternatives measured against it.
 
     python benchmarks/hint_wording.py [--users terse,detailed] [--prompts 8] [--model PATH]
 """
