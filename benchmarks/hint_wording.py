@@ -23,13 +23,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from clawd.bench.daemon import Daemon  # noqa: E402
-from clawd.bench.learning import Budget, embedded_model, daemon_settings, teacher_hint  # noqa: E402
+from clawd.bench.learning import Budget, daemon_settings, embedded_model, measure, teacher_context  # noqa: E402
 from clawd.bench.users import resolve_user, shipped_users  # noqa: E402
 from clawd.errors import ClawdError  # noqa: E402
-from clawd.miner import HINT_MARKER  # noqa: E402
 
 WORDINGS = {
-    "method": lambda prompt, hint: [{"role": "user", "content": prompt + HINT_MARKER + hint}],
+    "method": teacher_context,
     "hint first": lambda prompt, hint: [{"role": "user", "content": f"{hint}\n\n{prompt}"}],
     "important": lambda prompt, hint: [{"role": "user", "content": f"{prompt}\n\n(Important: {hint})"}],
     "system": lambda prompt, hint: [{"role": "system", "content": hint}, {"role": "user", "content": prompt}],
@@ -38,25 +37,17 @@ WORDINGS = {
 
 def measure_all(users, n_prompts: int, max_tokens: int, model: Path, work: Path) -> list[dict]:
     """One row per (user, wording): the hinted base's compliance, greedy and sampled."""
-    rows = []
-    with Daemon(work / "home", daemon_settings("hybrid", Budget()), model=model) as d:
+    budget, rows = Budget(eval_prompts=n_prompts, max_tokens=max_tokens), []
+    with Daemon(work / "home", daemon_settings("hybrid", budget), model=model) as d:
         for user in users:
             for wording, build in WORDINGS.items():
-                passed, asked = {"greedy": 0, "sampled": 0}, 0
-                for i, prompt in enumerate(user.held_out[:n_prompts]):
-                    hint = teacher_hint(user, prompt, i)
-                    if hint is None:  # the miner would make no hint of this correction
-                        continue
-                    asked += 1
-                    for key, temperature, seed in (("greedy", 0.0, 0), ("sampled", 0.7, 7919 + i)):
-                        text = d.chat(build(prompt, hint), max_tokens=max_tokens, temperature=temperature,
-                                      seed=seed, session_id=f"{user.name}-{wording}-{key}-{i}", side=True)["text"]
-                        passed[key] += user.complies(text)
-                if not asked:
+                point = measure(d, user, budget, f"{user.name}-{wording}", hinted=build)
+                if not point["answers"]:  # the miner would make no hint of any of its corrections
                     continue
-                rows.append({"user": user.name, "wording": wording, **{k: v / asked for k, v in passed.items()}})
-                print(f"{user.name:10} {wording:11} greedy {rows[-1]['greedy']:4.0%}  "
-                      f"sampled {rows[-1]['sampled']:4.0%}", flush=True)
+                rows.append({"user": user.name, "wording": wording, "greedy": point["greedy"],
+                             "sampled": point["sampled"]})
+                print(f"{user.name:10} {wording:11} greedy {point['greedy']:4.0%}  sampled {point['sampled']:4.0%}",
+                      flush=True)
     return rows
 
 

@@ -208,15 +208,15 @@ class RecordingDaemon:
 
 @pytest.mark.parametrize("name", shipped_users())
 def test_the_teacher_measurement_asks_with_the_hint_the_miner_would_make(name):
-    """measure(hinted=True) asks each held-out prompt in the teacher's context (METHOD §3):
+    """measure(hinted=teacher_context) asks each held-out prompt in the teacher's context (METHOD §3):
     one of the user's corrections, as the rules judge turns it into a hint, after the marker."""
-    from clawd.bench.learning import Budget, measure
+    from clawd.bench.learning import Budget, measure, teacher_context
     from clawd.miner import HINT_MARKER
 
     user = resolve_user(name)
     budget = Budget(eval_prompts=3)
     d = RecordingDaemon(lambda content: "fine")
-    point = measure(d, user, budget, "teacher", hinted=True)
+    point = measure(d, user, budget, "teacher", hinted=teacher_context)
     assert len(d.asked) == 6 and len(point["answers"]) == 3  # greedy and sampled per prompt
     for i, answer in enumerate(point["answers"]):
         prompt, correction = user.held_out[i], user.corrections[i % len(user.corrections)]
@@ -228,12 +228,12 @@ def test_the_teacher_measurement_asks_with_the_hint_the_miner_would_make(name):
 
 
 def test_the_teacher_measurement_skips_corrections_that_make_no_hint():
-    from clawd.bench.learning import Budget, measure
+    from clawd.bench.learning import Budget, measure, teacher_context
 
     user = user_with([{"kind": "lowercase"}], held_out=["say bye.", "say hi."],
                      reactions={"corrections": ["Hmm.", "Well well."], "approvals": ["Thanks."]})  # no cue: no hint
     d = RecordingDaemon(lambda content: "ok")
-    point = measure(d, user, Budget(eval_prompts=2), "teacher", hinted=True)
+    point = measure(d, user, Budget(eval_prompts=2), "teacher", hinted=teacher_context)
     assert d.asked == [] and point["greedy"] is None and point["sampled"] is None
     plain = measure(d, user, Budget(eval_prompts=2), 0)
     assert len(d.asked) == 4 and plain["greedy"] == 1.0  # unhinted: every prompt asked as it is

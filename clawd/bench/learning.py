@@ -46,6 +46,7 @@ import signal
 import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -110,11 +111,18 @@ def _say(*parts) -> None:
     print(*parts, flush=True)
 
 
-def measure(d: Daemon, user: SimulatedUser, budget: Budget, step: int | str, hinted: bool = False) -> dict:
+def teacher_context(prompt: str, hint: str) -> list[dict]:
+    """The prompt as the teacher sees it: the hint appended the miner's way (METHOD §3)."""
+    return [m.model_dump(exclude_none=True) for m in teacher_messages([{"role": "user", "content": prompt}], hint)]
+
+
+def measure(d: Daemon, user: SimulatedUser, budget: Budget, step: int | str,
+            hinted: Callable[[str, str], list[dict]] | None = None) -> dict:
     """Held-out compliance of the live adapter, greedy and sampled (fixed seeds, side turns).
-    `hinted`: each prompt carries one of the user's corrections as the miner turns it into a
-    hint, in the teacher's context (METHOD §3): what the hinted teacher itself would answer
-    (a correction the rules judge makes no hint of is skipped: the miner would have none)."""
+    `hinted(prompt, hint)`: ask each prompt with one of the user's corrections as the miner
+    turns it into a hint, in that wording (`teacher_context` = the teacher's own): what the
+    hinted model itself would answer (a correction the rules judge makes no hint of is
+    skipped: the miner would have none)."""
     prompts = user.held_out[: budget.eval_prompts]
     answers = []
     for i, prompt in enumerate(prompts):
@@ -123,7 +131,7 @@ def measure(d: Daemon, user: SimulatedUser, budget: Budget, step: int | str, hin
             hint = teacher_hint(user, prompt, i)
             if hint is None:
                 continue
-            msgs = [m.model_dump(exclude_none=True) for m in teacher_messages(msgs, hint)]
+            msgs = hinted(prompt, hint)
         g = d.chat(msgs, max_tokens=budget.max_tokens, temperature=0.0, seed=0, session_id=f"eval-{step}-g{i}",
                    side=True)["text"]
         s = d.chat(msgs, max_tokens=budget.max_tokens, temperature=budget.temperature, seed=7919 + i,
@@ -174,7 +182,7 @@ def run_arm(arm: dict, user: SimulatedUser, budget: Budget, home: Path, model: P
     tasks = user.session_tasks(budget.max_sessions, seed)
     with Daemon(home, daemon_settings(method, budget), model=model) as d:
         arm["curve"].append(measure(d, user, budget, 0))
-        arm["teacher"] = measure(d, user, budget, "teacher", hinted=True)
+        arm["teacher"] = measure(d, user, budget, "teacher", hinted=teacher_context)
         _say(f"{tag} before: greedy {arm['curve'][0]['greedy']:.0%}, sampled {arm['curve'][0]['sampled']:.0%}; "
              f"the base with the user's hint: {report.fmt(arm['teacher']['greedy'])}, "
              f"{report.fmt(arm['teacher']['sampled'])}")
@@ -380,8 +388,8 @@ def _merge(paths: list[Path], out: Path) -> int:
         if differ:
             raise ConfigError(f"--merge: {path} was run with other {', '.join(differ)} than {paths[0]}")
     arms = [a for r in runs for a in r["arms"]]
-    keys = [(a.get("user"), a.get("method"), a.get("seed")) for a in arms]
-    twice = sorted({k for k in keys if keys.count(k) > 1}, key=str)
+    counts = Counter((a.get("user"), a.get("method"), a.get("seed")) for a in arms)
+    twice = sorted((k for k, n in counts.items() if n > 1), key=str)
     if twice:
         raise ConfigError(f"--merge: the same user, method and seed twice: {twice}")
     union = {k: list(dict.fromkeys(v for r in runs for v in r["config"].get(k, []))) for k in
