@@ -20,8 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
-from clawd.chat import ChatService
 from clawd.errors import AdapterError, ClawdError, NotFound
+from clawd.served import ServedModel
 from clawd.store import adapters as rows
 from clawd.store import signals
 from clawd.store.db import Database
@@ -66,20 +66,27 @@ def check_files(path: Path, base_model: Path) -> list[str]:
 
 
 class Registry:
-    def __init__(self, db: Database, chat: ChatService, adapters_dir: Path, base_model: Path):
+    def __init__(self, db: Database, model: ServedModel, adapters_dir: Path, base_model: Path):
         self.db = db
-        self.chat = chat
+        self.model = model
         self.dir = adapters_dir
         self.base_model = base_model
-        self.active_id: str | None = None  # what new requests wear; read by ChatService
         # Activate, rollback and retire read then write the active row: one at a time, or a
         # promotion racing a user's rollback could record the wrong rollback target.
         self._switching = asyncio.Lock()
-        chat.active_adapter = lambda: self.active_id
+
+    @property
+    def active_id(self) -> str | None:
+        """What new requests wear: the served model's adapter, which only this registry sets."""
+        return self.model.active_adapter
+
+    @active_id.setter
+    def active_id(self, adapter_id: str | None) -> None:
+        self.model.active_adapter = adapter_id
 
     @property
     def engine(self):
-        return self.chat.runner.engine
+        return self.model.engine
 
     async def restore(self) -> None:
         """At start-up: drop half-written dirs, register finished-but-unrecorded ones, and
@@ -96,10 +103,10 @@ class Registry:
                 except AdapterError as e:
                     log.warning("adapter %s not registered: %s", d.name, e)
         rec = await rows.active(self.db)
-        if rec is not None and rec.model != self.chat.model_id:
+        if rec is not None and rec.model != self.model.model_id:
             log.warning("adapter %s is for %s, but %s is served: serving the base model", rec.id, rec.model,
-                        self.chat.model_id)
-            await rows.activate(self.db, None, previous_id=None, note=f"the served model is now {self.chat.model_id}")
+                        self.model.model_id)
+            await rows.activate(self.db, None, previous_id=None, note=f"the served model is now {self.model.model_id}")
             rec = None
         # Put the active adapter back on, verified; one that fails falls back down its rollback chain.
         while rec is not None:
@@ -111,7 +118,7 @@ class Registry:
                 log.error("active adapter %s failed its check at start-up (%s); rolling back", rec.id, e)
                 await rows.set_status(self.db, rec.id, "rejected", f"failed the live check at start-up: {e}")
                 prev = await rows.get(self.db, rec.previous_id) if rec.previous_id else None
-                if prev is not None and (prev.forgotten or prev.model != self.chat.model_id):
+                if prev is not None and (prev.forgotten or prev.model != self.model.model_id):
                     prev = None
                 await rows.activate(self.db, prev.id if prev else None,
                                     previous_id=prev.previous_id if prev else None, note=None)
@@ -200,8 +207,8 @@ class Registry:
         rec = await self.get(adapter_id)
         if rec.forgotten:
             raise AdapterError(f"adapter {adapter_id} was trained on a forgotten session; its weights are deleted")
-        if rec.model != self.chat.model_id:
-            raise AdapterError(f"adapter {adapter_id} is for model {rec.model}, but {self.chat.model_id} is served")
+        if rec.model != self.model.model_id:
+            raise AdapterError(f"adapter {adapter_id} is for model {rec.model}, but {self.model.model_id} is served")
         return rec
 
     async def _load(self, rec: rows.AdapterRecord) -> None:
@@ -211,12 +218,12 @@ class Registry:
         if problems:
             raise AdapterError(f"adapter {rec.id} refused: " + "; ".join(problems))
         if rec.id not in self.engine.loaded_adapters:
-            await self.chat.runner.call(self.engine.load_adapter, rec.id, served_artifact(path, self.base_model))
+            await self.model.runner.call(self.engine.load_adapter, rec.id, served_artifact(path, self.base_model))
 
     async def _swap_in(self, rec: rows.AdapterRecord) -> dict:
         """Load the adapter into the engine (if not yet) and prove it is live."""
         await self._load(rec)
-        runner = self.chat.runner
+        runner = self.model.runner
         path = Path(rec.path)
         try:
             probe = json.loads((path / "meta.json").read_text())["probe"]
@@ -258,7 +265,7 @@ class Registry:
             await rows.mark_forgotten(self.db, sorted(tainted), "trained on a forgotten session; weights deleted")
             for a in tainted:
                 if a in self.engine.loaded_adapters:
-                    await self.chat.runner.call(self.engine.unload_adapter, a)
+                    await self.model.runner.call(self.engine.unload_adapter, a)
                 shutil.rmtree(self.dir / a, ignore_errors=True)
             return sorted(tainted)
 

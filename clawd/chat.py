@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 from clawd import sessions
 from clawd.config import GenerationSettings
 from clawd.engines.base import SamplingParams
-from clawd.engines.runner import EngineRunner
-from clawd.errors import ClawdError, ContextLengthExceeded, EngineError, ModelNotFound
-from clawd.protocol import ChatCompletionRequest, Message, Usage
+from clawd.errors import ClawdError, EngineError, ModelNotFound
+from clawd.protocol import ChatCompletionRequest, Usage
+from clawd.served import ServedModel
 from clawd.stops import StopMatcher
 from clawd.store import turns
 from clawd.store.db import Database
@@ -66,34 +66,27 @@ class TurnStream:
 
 
 class ChatService:
-    def __init__(self, runner: EngineRunner, db: Database, chat_format, defaults: GenerationSettings,
-                 active_adapter: Callable[[], str | None] = lambda: None):
-        self.runner = runner
-        self.db = db
-        self.format = chat_format
-        self.defaults = defaults
-        self.active_adapter = active_adapter
-        self.on_turn: Callable[[], None] = lambda: None  # the miner's wake-up call
-        self._running: dict[asyncio.Task, TurnStream] = {}
+    """Turns: attribute, generate on the served model, stream out, log one row each."""
 
-    @property
-    def model_id(self) -> str:
-        return self.runner.engine.info.id
+    def __init__(self, model: ServedModel, db: Database, defaults: GenerationSettings,
+                 on_turn: Callable[[], None] = lambda: None):
+        self.model = model
+        self.db = db
+        self.defaults = defaults  # replaced by a config reload; read afresh by every request
+        self.on_turn = on_turn  # the miner's wake-up call
+        self._running: dict[asyncio.Task, TurnStream] = {}
 
     async def start(self, req: ChatCompletionRequest, headers: Mapping[str, str],
                     client: str | None = None) -> TurnStream:
         """Validate, attribute and begin a turn. Raises ClawdError (4xx) before any
         token is produced, so the caller can still answer with a plain error."""
-        if req.model != self.model_id:
+        model = self.model
+        if req.model != model.model_id:
             raise ModelNotFound(req.model)
-        info = self.runner.engine.info
-        rendered = self.format.render(req.messages, req.tools)
-        prompt_ids = self.runner.engine.tokenize(rendered.prompt, add_bos=rendered.add_bos and info.add_bos)
-        if len(prompt_ids) >= info.n_ctx:
-            raise ContextLengthExceeded(
-                f"This model's maximum context length is {info.n_ctx} tokens. However, your messages "
-                f"resulted in {len(prompt_ids)} tokens. Shorten the messages."
-            )
+        rendered, prompt_ids = model.prompt(req.messages, req.tools)
+        n_ctx = model.info.n_ctx
+        model.check_context(len(prompt_ids), f"This model's maximum context length is {n_ctx} tokens. "
+                            f"However, your messages resulted in {len(prompt_ids)} tokens. Shorten the messages.")
         who = await sessions.attribute(self.db, req, headers)
         d = self.defaults
         params = SamplingParams(
@@ -103,52 +96,13 @@ class ChatService:
             seed=req.seed,
         )
         ts = TurnStream(id="chatcmpl-" + uuid.uuid4().hex[:24], created=int(time.time()),
-                        model=self.model_id, prompt_tokens=len(prompt_ids), session_id=who.session_id)
+                        model=model.model_id, prompt_tokens=len(prompt_ids), session_id=who.session_id)
         job = _TurnJob(self, ts, req, who, rendered, prompt_ids, params, client)
         task = asyncio.create_task(job.run(), name=f"turn-{ts.id}")
         ts.recorded = task
         self._running[task] = ts
         task.add_done_callback(self._running.pop)
         return ts
-
-    async def score(self, messages: list[Message], completion: str, adapter: str | None) -> dict:
-        """Per-token log-probs of `completion` as the reply to `messages` (not logged)."""
-        engine = self.runner.engine
-        rendered = self.format.render(messages)
-        prompt_ids = engine.tokenize(rendered.prompt, add_bos=rendered.add_bos and engine.info.add_bos)
-        target = engine.tokenize(completion, add_bos=False, special=False)
-        if len(prompt_ids) + len(target) >= engine.info.n_ctx:
-            raise ContextLengthExceeded(f"prompt + completion need {len(prompt_ids) + len(target)} tokens; "
-                                        f"the context is {engine.info.n_ctx}")
-        # From an empty cache, so the same weights always give the same number (a diagnostic
-        # compares these across adapters and over time; cached-prefix reuse moves the last bits).
-        res = await self.runner.call(engine.score, prompt_ids, target, adapter=adapter, reuse_cache=False)
-        return {"adapter": adapter, "tokens": [engine.detokenize([t]) for t in target],
-                "logprobs": res.logprobs.tolist(), "total": float(res.logprobs.sum())}
-
-    async def complete(self, messages: list[Message], params: SamplingParams, *,
-                       adapter: str | None = None, background: bool = True) -> str:
-        """One reply as text, not logged as a turn: for judges and side-by-side answers.
-        Background completions yield the engine to user requests (raising Preempted)."""
-        info = self.runner.engine.info
-        rendered = self.format.render(messages)
-        prompt_ids = self.runner.engine.tokenize(rendered.prompt, add_bos=rendered.add_bos and info.add_bos)
-        if len(prompt_ids) >= info.n_ctx:
-            raise ContextLengthExceeded(f"the prompt needs {len(prompt_ids)} tokens; the context is {info.n_ctx}")
-        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        stops = StopMatcher(rendered.stops)
-        out: list[str] = []
-        gen = self.runner.generate(prompt_ids, params, adapter=adapter, cancel=threading.Event(),
-                                   background=background)
-        async with contextlib.aclosing(gen):
-            async for tok in gen:
-                if tok.is_end:
-                    break
-                piece, hit = stops.feed(decoder.decode(tok.piece))
-                out.append(piece)
-                if hit:
-                    return "".join(out)
-        return "".join(out) + stops.feed(decoder.decode(b"", final=True))[0] + stops.flush()
 
     async def drain(self, timeout: float = 10.0) -> None:
         """Stop running generations (each within one token) and wait until their
@@ -172,7 +126,8 @@ class _TurnJob:
 
     async def run(self) -> None:
         ts, svc = self.ts, self.svc
-        adapter = svc.active_adapter()
+        model = svc.model
+        adapter = model.active_adapter
         ids: list[int] = []
         logprobs: list[float] = []
         text: list[str] = []
@@ -183,7 +138,7 @@ class _TurnJob:
         finish = "length"
         stop_hit = False
         try:
-            gen = svc.runner.generate(self.prompt_ids, self.params, adapter=adapter, cancel=ts._cancel)
+            gen = model.runner.generate(self.prompt_ids, self.params, adapter=adapter, cancel=ts._cancel)
             async with contextlib.aclosing(gen):
                 async for tok in gen:
                     if t_first is None:
@@ -244,9 +199,9 @@ class _TurnJob:
             finish_reason=finish,
             sampling={"max_tokens": self.params.max_tokens, "temperature": self.params.temperature,
                       "top_p": self.params.top_p, "seed": self.params.seed, "stop": req.stop_list()},
-            engine=svc.runner.engine.name,
-            model=svc.model_id,
-            chat_format=svc.format.name,
+            engine=svc.model.engine.name,
+            model=svc.model.model_id,
+            chat_format=svc.model.format.name,
             timings=timings,
             adapter_id=adapter,
             requery_of=who.requery_of,

@@ -47,7 +47,7 @@ def cmd_serve(args) -> int:
     engine = models.load_engine(settings.model, choice, top_k=settings.generation.top_k, cache_dir=paths.cache_dir)
 
     def ready(state, _server):
-        print(f"clawd: serving {state.chat.model_id} at http://{settings.server.host}:{state.port}/v1 "
+        print(f"clawd: serving {state.model.model_id} at http://{settings.server.host}:{state.port}/v1 "
               f"(Ctrl-C to stop)", file=sys.stderr, flush=True)
 
     # The same layers again on every config.toml change (live reload).

@@ -20,6 +20,7 @@ import uvicorn
 from clawd.adapters import Registry
 from clawd.api import ApiState, create_app
 from clawd.chat import ChatService
+from clawd.served import ServedModel
 from clawd.config import Settings
 from clawd.engines.base import Engine
 from clawd.engines.runner import EngineRunner
@@ -75,13 +76,13 @@ async def build_state(settings: Settings, paths: Paths, engine: Engine, port: in
     info = engine.info
     fmt = choose_format(settings.model.chat_format, info.chat_template, info.bos_token,
                         info.eos_token, info.add_bos)
-    chat = ChatService(EngineRunner(engine), db, fmt, settings.generation)
+    model = ServedModel(EngineRunner(engine), fmt)
     miner = None
     if settings.mining.enabled:
         # Judges read the miner's current settings, which a config reload may replace.
-        miner = Miner(db, chat, settings.mining, make_judge=lambda spec: build_judge(
-            spec, dataclasses.replace(settings, mining=miner.settings), chat, db))
-        chat.on_turn = miner.poke
+        miner = Miner(db, model, settings.mining, make_judge=lambda spec: build_judge(
+            spec, dataclasses.replace(settings, mining=miner.settings), model))
+    chat = ChatService(model, db, settings.generation, on_turn=miner.poke if miner else lambda: None)
     registry = scheduler = None
     # The trainer builds its MLX model from the served weights: a GGUF file (llama.cpp serves its
     # GGUF LoRA, mlx its mlx-lm files) or an MLX/HF model directory (mlx only). Upstream and fake
@@ -96,28 +97,28 @@ async def build_state(settings: Settings, paths: Paths, engine: Engine, port: in
         training_off = f"the {engine.name} engine has no local weights to train (llamacpp and mlx have)"
     if training_off is None:
         paths.adapters_dir.mkdir(parents=True, exist_ok=True)
-        registry = Registry(db, chat, paths.adapters_dir, info.path)
+        registry = Registry(db, model, paths.adapters_dir, info.path)
         await registry.restore()
-        scheduler = Scheduler(db, chat, registry, settings.training, paths)
-    return ApiState(chat=chat, db=db, miner=miner, token=ensure_token(paths.token_file),
+        scheduler = Scheduler(db, model, registry, settings.training, paths, top_k=settings.mining.top_k)
+    return ApiState(chat=chat, model=model, db=db, miner=miner, token=ensure_token(paths.token_file),
                     require_token=settings.server.require_token, host=settings.server.host,
                     port=port, home=str(paths.config_dir), registry=registry, scheduler=scheduler,
                     training_off=training_off)
 
 
-def build_judge(spec: str, settings: Settings, chat: ChatService, db: Database) -> LLMJudge | None:
+def build_judge(spec: str, settings: Settings, model: ServedModel) -> LLMJudge | None:
     """A judge from its config spec (see MiningSettings.judge)."""
 
-    def load_second_model(path: str) -> ChatService:
+    def load_second_model(path: str) -> ServedModel:
         from clawd.engines.llamacpp import Engine
 
         engine = Engine(Path(path).expanduser(), n_ctx=settings.model.n_ctx, n_threads=settings.model.n_threads,
                         model_id=Path(path).stem)
         info = engine.info
         fmt = choose_format("auto", info.chat_template, info.bos_token, info.eos_token, info.add_bos)
-        return ChatService(EngineRunner(engine), db, fmt, settings.generation)
+        return ServedModel(EngineRunner(engine), fmt)
 
-    completer = completer_for(spec, chat=chat, gguf_loader=load_second_model)
+    completer = completer_for(spec, chat=model, gguf_loader=load_second_model)
     if completer is None:
         return None
     return LLMJudge(completer, votes=settings.mining.votes, temperature=settings.mining.temperature)
@@ -152,7 +153,7 @@ async def serve(settings: Settings, paths: Paths, engine: Engine, *, on_ready=No
         await watcher.start()
     if on_ready:
         on_ready(state, server)  # the caller may stop it with server.should_exit = True
-    log.info("clawd serving %s on http://%s:%d", state.chat.model_id, settings.server.host, port)
+    log.info("clawd serving %s on http://%s:%d", state.model.model_id, settings.server.host, port)
     if state.miner:
         state.miner.start()
     if state.scheduler:
@@ -168,5 +169,5 @@ async def serve(settings: Settings, paths: Paths, engine: Engine, *, on_ready=No
             await state.miner.stop()
         await state.chat.drain()
         await state.db.close()
-        await asyncio.get_running_loop().run_in_executor(None, state.chat.runner.close)
+        await asyncio.get_running_loop().run_in_executor(None, state.model.runner.close)
         sock.close()

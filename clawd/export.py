@@ -33,7 +33,7 @@ from typing import IO, Any
 import numpy as np
 
 from clawd.errors import ClawdError
-from clawd.miner import teacher_messages
+from clawd.served import teacher_messages
 from clawd.protocol import Message
 from clawd.store import signals, turns
 from clawd.store.migrations import latest_id

@@ -682,7 +682,7 @@ JUDGE_FORMS = '"rules", "self", "openai:<base_url>[#model]" or "gguf:<path to .g
 def completer_for(spec: str, *, chat=None, gguf_loader=None, api_key: str = "") -> Completer | None:
     """The Completer a judge setting names; None for "rules" (no model needed).
 
-    `chat` serves "self"; `gguf_loader(path)` builds a ChatService-like object for
+    `chat` (a ServedModel) serves "self"; `gguf_loader(path)` builds a ServedModel for
     "gguf:PATH". Raises ConfigError for anything else, listing the valid forms."""
     s = (spec or "").strip()
     if s == "rules":

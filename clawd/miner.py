@@ -21,15 +21,14 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from clawd import judge as judges
-from clawd.chat import ChatService
 from clawd.config import MiningSettings
 from clawd.errors import ClawdError, ContextLengthExceeded, Preempted
 from clawd.protocol import Message
+from clawd.served import ServedModel
 from clawd.store import feedback, signals, turns
 from clawd.store.db import Database
 
 log = logging.getLogger(__name__)
-HINT_MARKER = "\n\n[user's hint / instruction]\n"
 RESTATE_SIMILARITY = 0.85  # a new user message this close to the previous one re-asks it
 PREEMPT_RETRY_S = 1.0
 # A turn that keeps failing for a non-judge reason (e.g. an engine that cannot score the
@@ -55,16 +54,6 @@ def last_user_text(messages: list[dict]) -> str:
     return ""
 
 
-def teacher_messages(messages: list[dict], hint: str) -> list[Message]:
-    """The turn's request with the hint appended to its last user message (METHOD §3)."""
-    out = [Message.model_validate(m) for m in messages]
-    for i in range(len(out) - 1, -1, -1):
-        if out[i].role == "user":
-            out[i] = out[i].model_copy(update={"content": out[i].text() + HINT_MARKER + hint})
-            break
-    return out
-
-
 def overlap(student_top: np.ndarray, teacher_top: np.ndarray) -> int:
     """O = sum over positions of |S_i ∩ T_i| (METHOD §4)."""
     return int(sum(len(set(s.tolist()) & set(t.tolist())) for s, t in zip(student_top, teacher_top)))
@@ -83,10 +72,10 @@ def clean_candidates(texts: list[tuple[str, str]], limit: int) -> list[tuple[str
 
 
 class Miner:
-    def __init__(self, db: Database, chat: ChatService, settings: MiningSettings,
+    def __init__(self, db: Database, model: ServedModel, settings: MiningSettings,
                  make_judge: Callable[[str], judges.LLMJudge | None] = lambda spec: None):
         self.db = db
-        self.chat = chat
+        self.model = model
         self.settings = settings
         self.rules = judges.RulesJudge()
         self._make_judge = make_judge
@@ -126,6 +115,12 @@ class Miner:
             self._judge_retry_at = time.time() + self.settings.retry_s
             raise judges.JudgeUnavailable(f"judge {spec} could not start: {e.message}") from e
         return self._judges[spec]
+
+    async def on_feedback(self, turn_id: str) -> None:
+        """Feedback is new evidence: a turn already mined is judged again, and soon."""
+        if await signals.get(self.db, turn_id) is not None:
+            await signals.reopen(self.db, turn_id)
+        self.poke()
 
     def poke(self) -> None:
         """New turn or feedback: look now rather than at the next poll."""
@@ -224,7 +219,7 @@ class Miner:
         if sig is None or turn is None:
             return
         read_at = sig.updated_at  # saves below are dropped if feedback re-opened the row meanwhile
-        await self.chat.runner.wait_quiet(self.settings.quiet_s)
+        await self.model.runner.wait_quiet(self.settings.quiet_s)
         try:
             await self._evaluate(sig, turn)
             await self._direct(sig, turn)
@@ -319,12 +314,12 @@ class Miner:
         if not cands:
             return
         k = self.settings.top_k
-        runner, engine = self.chat.runner, self.chat.runner.engine
+        runner, engine = self.model.runner, self.model.engine
         student = await runner.call(engine.score, turn.prompt_ids, turn.response_ids, top_k=k,
-                                    adapter=self.chat.active_adapter(), background=True)
+                                    adapter=self.model.active_adapter, background=True)
         best = None
         for text, source in cands:
-            prompt_ids = self._teacher_prompt(turn, text)
+            prompt_ids = self.model.teacher_prompt_ids(turn.request, text)
             try:
                 teacher = await runner.call(engine.score, prompt_ids, turn.response_ids, top_k=k, adapter=None,
                                             at_ids=student.top_ids, background=True)
@@ -343,26 +338,3 @@ class Miner:
         sig.student_top_logprobs = student.top_logprobs
         sig.teacher_logprobs = teacher.logprobs
         sig.teacher_top_logprobs = teacher.at_logprobs
-
-    def _teacher_prompt(self, turn: turns.TurnRecord, hint: str) -> list[int]:
-        return teacher_prompt_ids(self.chat, turn, hint)
-
-
-def teacher_prompt_ids(chat: ChatService, turn: turns.TurnRecord, hint: str) -> list[int]:
-    """The teacher's prompt tokens: same template and tools as the student's prompt, only
-    the hint differs (METHOD §3). The trainer rescoring in MLX uses the very same ids."""
-    rendered = chat.format.render(teacher_messages(turn.request["messages"], hint), turn.request.get("tools"))
-    info = chat.runner.engine.info
-    return chat.runner.engine.tokenize(rendered.prompt, add_bos=rendered.add_bos and info.add_bos)
-
-
-async def forget_session(db: Database, session_id: str) -> list[str]:
-    """Delete a session's turns, feedback and signals; remember which turns they were
-    so adapters trained on them can be retired. Returns the deleted turn ids."""
-    rows = await turns.list_turns(db, session_id=session_id, limit=1_000_000)
-    ids = [r.id for r in rows]
-    async with db.transaction():
-        await signals.record_forgotten(db, session_id, ids)
-        await turns.delete_session(db, session_id)
-    return ids
-

@@ -1,4 +1,9 @@
-"""Wire types shared by the daemon and its clients (the TUI): pydantic models only.
+"""Wire types of the daemon's HTTP API: pydantic models only.
+
+The API's routes declare these as their request and response models, so /openapi.json
+describes what the daemon sends. Clients do not import them: the TUI is an HTTP client like
+any other (it may not import clawd at all, so it starts fast and works against another
+version of the daemon), and its tests drive it against a real daemon.
 
 Requests follow the OpenAI chat-completions shape (CONVENTIONS.md §1) and tolerate
 unknown keys; clawd's own fields (session_id, turn_type, session_done) are read and
@@ -171,3 +176,85 @@ class SessionSummary(BaseModel):
     title: str | None
     turns: int
     done: bool
+
+
+class SignalView(BaseModel):
+    """One mined signal (GET /clawd/signals): the evaluative and directive evidence of a turn.
+    The teacher's arrays stay in the database; `teacher_arrays` says whether it has them."""
+
+    turn_id: str
+    session_id: str
+    status: str  # waiting | pending | ready | empty
+    next_turn_id: str | None = None
+    next_state: str | None = None
+    next_role: str | None = None
+    reward: int | None = None
+    reward_source: str | None = None
+    votes: list = []
+    hints: list[dict[str, Any]] = []  # [{"text", "source", "overlap"}]
+    hint: str | None = None
+    top_k: int | None = None
+    vetoed: bool = False
+    attempts: int = 0
+    error: str | None = None
+    retry_at: float = 0.0
+    created_at: float = 0.0
+    updated_at: float = 0.0
+    teacher_arrays: bool = False
+
+
+class AdapterView(BaseModel):
+    """One trained adapter: where it is, what it learned from, what its gate measured."""
+
+    id: str
+    path: str
+    model: str
+    status: str  # candidate | active | retired | rejected
+    parent_id: str | None = None
+    previous_id: str | None = None
+    signals: list[str] = []
+    holdout: list[str] = []
+    metrics: dict[str, Any] = {}
+    gate: dict[str, Any] = {}
+    note: str | None = None
+    forgotten: bool = False
+    created_at: float
+    updated_at: float
+
+
+class AdapterList(BaseModel):
+    active: str | None
+    adapters: list[AdapterView]
+
+
+class ActiveAdapter(BaseModel):
+    active: str | None  # None: the base model
+
+
+class TrainingView(BaseModel):
+    """GET /clawd/training: the scheduler's current or last run."""
+
+    state: str  # idle | running | paused | error
+    job_id: str | None = None
+    phase: str | None = None  # load | prepare | train | gate | promote
+    step: int = 0
+    total: int = 0
+    prepared: int = 0
+    samples: int = 0
+    metrics: dict[str, Any] = {}
+    blas: str | None = None
+    started_at: float | None = None
+    result: dict[str, Any] | None = None
+    reason: str = ""
+
+
+class TrainingHistory(BaseModel):
+    job_id: str | None
+    source: Literal["live", "adapter"] | None  # this daemon's run, or the newest adapter's curve
+    steps: list[dict[str, Any]]
+
+
+class TrainingStart(BaseModel):
+    job_id: str | None  # None: not started (`reason` says why)
+    state: str
+    reason: str | None = None

@@ -137,6 +137,8 @@ class ConfigWatcher:
             self._apply_mining(new)
         if self.scheduler is not None and any(k.startswith("training.") for k in live):
             self.scheduler.settings = new.training  # read afresh at every check and by the next run
+        if self.scheduler is not None and "mining.top_k" in live:
+            self.scheduler.top_k = new.mining.top_k  # the next job carries it to the trainer
         if "log_level" in live:
             level = new.log_level.upper()
             for name in ("", "uvicorn", "uvicorn.error"):

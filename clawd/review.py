@@ -1,7 +1,7 @@
 """What an adapter learned, for review: the signals it trained on, and answers of the base
 model, its parent and the adapter itself to a few of those prompts, side by side.
 
-Boundary: reads turns, signals and adapter rows; generates through ChatService.complete as
+Boundary: reads turns, signals and adapter rows; generates through ServedModel.complete as
 background engine work (it yields to user requests and is never logged as a turn). Loading
 an adapter into the engine is the registry's job (adapters.py).
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 
-from clawd.chat import ChatService
+from clawd.served import ServedModel
 from clawd.engines.base import SamplingParams
 from clawd.errors import Busy, Preempted
 from clawd.miner import last_user_text
@@ -48,7 +48,7 @@ async def learned_from(db: Database, rec: adapter_rows.AdapterRecord) -> list[di
     return out
 
 
-async def side_by_side(db: Database, chat: ChatService, registry, adapter_id: str, *,
+async def side_by_side(db: Database, model: ServedModel, registry, adapter_id: str, *,
                        n: int = 3, max_tokens: int = 96) -> dict:
     """Greedy answers of base / previous (the adapter it continued from) / this adapter to the
     first `n` prompts it trained on. `registry` is a clawd.adapters.Registry."""
@@ -70,18 +70,18 @@ async def side_by_side(db: Database, chat: ChatService, registry, adapter_id: st
             continue
         raw = turn.request.get("messages", [])
         messages = [Message.model_validate(m) for m in raw]
-        answers = {c["name"]: await _complete(chat, messages, params, c["adapter"]) for c in columns}
+        answers = {c["name"]: await _complete(model, messages, params, c["adapter"]) for c in columns}
         prompts.append({"turn_id": turn_id, "prompt": last_user_text(raw), "logged": turn.response_text,
                         "answers": answers})
     return {"adapter_id": rec.id, "parent_id": rec.parent_id, "columns": columns, "prompts": prompts,
             "max_tokens": max_tokens}
 
 
-async def _complete(chat: ChatService, messages: list[Message], params: SamplingParams, adapter: str | None) -> str:
+async def _complete(model: ServedModel, messages: list[Message], params: SamplingParams, adapter: str | None) -> str:
     """One background completion, retried after each user request that preempts it."""
     for _ in range(MAX_PREEMPTIONS):
         try:
-            return await chat.complete(messages, params, adapter=adapter, background=True)
+            return await model.complete(messages, params, adapter=adapter, background=True)
         except Preempted:
-            await chat.runner.wait_quiet(QUIET_BEFORE_RETRY_S)
+            await model.runner.wait_quiet(QUIET_BEFORE_RETRY_S)
     raise Busy("the model is busy serving requests: try the comparison again in a moment")

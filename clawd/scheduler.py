@@ -1,7 +1,7 @@
 """When to train, and the life of the trainer child process.
 
 Boundary: decides when a run starts (enough untrained signals, and the user idle for
-`idle_minutes` or the clock in the overnight window), builds its job (training/data.py),
+`idle_minutes` or the clock in the overnight window), builds its job (jobs.py),
 runs `python -m clawd.training.run` at low CPU priority, follows its JSON-line progress,
 and hands the finished adapter to the registry (adapters.py), which gates and promotes it.
 
@@ -27,18 +27,18 @@ from datetime import datetime
 from pathlib import Path
 
 from clawd.adapters import Registry
-from clawd.chat import ChatService
 from clawd.config import TrainingSettings
 from clawd.errors import AdapterError, Busy, ClawdError, InvalidRequest
 from clawd.paths import Paths
 from clawd.store import adapters as adapter_rows
 from clawd.store import signals
 from clawd.store.db import Database
-from clawd.training import data
+from clawd import jobs
+from clawd.served import ServedModel
+from clawd.training.data import STOPPED, read_job, write_job
 
 log = logging.getLogger(__name__)
 
-STOPPED = 75  # clawd.training.run's exit code for "stopped at a checkpoint" (not imported: it loads MLX)
 
 
 @dataclass
@@ -73,10 +73,12 @@ def in_window(window: str, now: datetime) -> bool:
 
 
 class Scheduler:
-    def __init__(self, db: Database, chat: ChatService, registry: Registry, settings: TrainingSettings,
-                 paths: Paths, *, python: str = sys.executable, poll_s: float = 30.0, resume_quiet_s: float = 5.0):
+    def __init__(self, db: Database, model: ServedModel, registry: Registry, settings: TrainingSettings,
+                 paths: Paths, *, top_k: int = 4, python: str = sys.executable, poll_s: float = 30.0,
+                 resume_quiet_s: float = 5.0):
         self.db = db
-        self.chat = chat
+        self.model = model
+        self.top_k = top_k  # mining.top_k: the jobs carry it to the trainer (a config reload updates it)
         self.registry = registry
         self.settings = settings
         self.paths = paths
@@ -101,7 +103,7 @@ class Scheduler:
     # --- when -------------------------------------------------------------------------
 
     def start(self) -> None:
-        self.chat.runner.on_user_request(self._user_arrived)
+        self.model.runner.on_user_request(self._user_arrived)
         self._loop_task = asyncio.create_task(self._loop(), name="scheduler")
 
     async def _loop(self) -> None:
@@ -119,7 +121,7 @@ class Scheduler:
                 log.exception("scheduler poll failed")
 
     def idle_seconds(self) -> float:
-        runner = self.chat.runner
+        runner = self.model.runner
         if runner.user_active:
             return 0.0
         return time.monotonic() - max(runner.last_user_end, self._started)
@@ -130,7 +132,7 @@ class Scheduler:
             return False, "automatic training is off (training.auto)"
         if self.running:
             return False, "a run is in progress"
-        n = await data.untrained_count(self.db, self.chat.model_id, s.holdout)
+        n = await jobs.untrained_count(self.db, self.model.model_id, s.holdout)
         if n < s.min_signals:
             return False, f"{n} of {s.min_signals} untrained signals ready"
         if n < self._retry_at:
@@ -162,6 +164,34 @@ class Scheduler:
             self._run = asyncio.create_task(self._execute(job_dir), name=f"train-{job_dir.name}")
             return job_dir.name
 
+    async def start_run(self, if_ready: bool = False) -> dict:
+        """Train now on the ready signals (ignores the idle/window rules). With `if_ready`
+        (timers), only when training.min_signals are waiting; otherwise say why not."""
+        if if_ready:
+            n = await jobs.untrained_count(self.db, self.model.model_id, self.settings.holdout)
+            if self.running or n < self.settings.min_signals:
+                reason = "a run is in progress" if self.running else \
+                    f"{n} of {self.settings.min_signals} untrained signals ready"
+                return {"job_id": None, "state": self.status.state, "reason": reason}
+        return {"job_id": await self.run_now(), "state": "running"}
+
+    async def report(self) -> dict:
+        """The status, with why it is not training when it is not."""
+        st = self.status.public()
+        if not self.running:
+            st["reason"] = (await self.should_train())[1]
+        return st
+
+    async def curve(self) -> dict:
+        """Per-step metrics for curves: the current or last run of this daemon (`live`), else
+        the newest adapter's recorded training curve (`adapter`)."""
+        if self.history:
+            return {"job_id": self.status.job_id, "source": "live", "steps": self.history}
+        for rec in await adapter_rows.list_all(self.db):
+            if rec.metrics.get("history"):
+                return {"job_id": rec.id, "source": "adapter", "steps": rec.metrics["history"]}
+        return {"job_id": None, "source": None, "steps": []}
+
     async def wait(self) -> dict | None:
         if self._run is not None:
             await asyncio.shield(self._run)
@@ -178,15 +208,14 @@ class Scheduler:
         for d in sorted(self.jobs_dir.iterdir()):
             if (d / "job.json").is_file() and not (self.paths.adapters_dir / d.name).exists():
                 try:
-                    job = data.read_job(d / "job.json")
+                    job = read_job(d / "job.json")
                 except (ValueError, TypeError, KeyError, OSError) as e:
                     log.warning("dropping unreadable training job %s: %s", d.name, e)
                 else:
                     turns = {s.turn_id for s in job.train + job.holdout}
-                    same_weights = job.model == self.chat.model_id and job.model_path == str(
-                        self.chat.runner.engine.info.path)
-                    if (same_weights and job.parent_id == (active.id if active else None)
-                            and job.config == asdict(self.settings) and not turns & gone):
+                    if (jobs.same_weights(job, self.model) and job.parent_id == (active.id if active else None)
+                            and job.config == asdict(self.settings) and job.top_k == self.top_k
+                            and not turns & gone):
                         return d
             shutil.rmtree(d, ignore_errors=True)  # finished, never written, or stale
         return None
@@ -194,14 +223,14 @@ class Scheduler:
     async def _new_job(self) -> Path:
         parent = await adapter_rows.active(self.db)
         job_id = "ad-" + datetime.now().strftime("%Y%m%d-%H%M%S") + "-" + uuid.uuid4().hex[:4]
-        job = await data.build_job(self.db, self.chat, self.settings, job_id=job_id,
-                                   model_path=self.chat.runner.engine.info.path, parent=parent)
+        job = await jobs.build_job(self.db, self.model, self.settings, job_id=job_id, parent=parent,
+                                   top_k=self.top_k)
         if not job.train:
             raise InvalidRequest("nothing to train on: no ready signal that an adapter has not learned yet "
                                  "(chat, give feedback or corrections, then try again)")
         job_dir = self.jobs_dir / job_id
         job_dir.mkdir(parents=True)
-        data.write_job(job, job_dir / "job.json")
+        write_job(job, job_dir / "job.json")
         return job_dir
 
     async def _execute(self, job_dir: Path) -> None:
@@ -251,7 +280,7 @@ class Scheduler:
             await self._wait_for_new_signals()
 
     async def _wait_for_new_signals(self) -> None:
-        untrained = await data.untrained_count(self.db, self.chat.model_id, self.settings.holdout)
+        untrained = await jobs.untrained_count(self.db, self.model.model_id, self.settings.holdout)
         self._retry_at = untrained + self.settings.min_signals
 
     async def _promote(self, path: Path) -> dict:
@@ -319,7 +348,7 @@ class Scheduler:
             self._resume = asyncio.create_task(self._resume_when_quiet())
 
     async def _resume_when_quiet(self) -> None:
-        await self.chat.runner.wait_quiet(self.resume_quiet_s)
+        await self.model.runner.wait_quiet(self.resume_quiet_s)
         proc = self._proc
         if proc is not None and proc.returncode is None and self._paused:
             _signal(proc, signal.SIGCONT)

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from clawd.errors import InvalidRequest
 from clawd.protocol import ChatCompletionRequest, Message
-from clawd.store import turns
+from clawd.store import signals, turns
 from clawd.store.db import Database
 
 REGENERATE_WINDOW_S = 6 * 3600  # an identical request days later is a new question, not a regenerate
@@ -95,3 +95,18 @@ async def attribute(db: Database, req: ChatCompletionRequest, headers: Mapping[s
             return Attribution(parent.session_id, "prefix", turn_type, None, done)
         break  # only the latest assistant message can be the one we just answered
     return Attribution(new_session_id(), "new", turn_type, None, done)
+
+
+async def forget(db: Database, session_id: str, registry=None) -> dict | None:
+    """Forget a session: delete its turns, feedback and signals, then retire every adapter
+    trained on them (`registry`, a clawd.adapters.Registry, when training is on). None when
+    there is no such session."""
+    rows = await turns.list_turns(db, session_id=session_id, limit=1_000_000)
+    ids = [r.id for r in rows]
+    async with db.transaction():
+        await signals.record_forgotten(db, session_id, ids)
+        await turns.delete_session(db, session_id)
+    if not ids:
+        return None
+    retired = await registry.retire_forgotten() if registry is not None else []
+    return {"session_id": session_id, "forgotten_turns": len(ids), "retired_adapters": retired}

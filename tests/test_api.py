@@ -66,7 +66,7 @@ def wait_turn_row(d, turn_id: str, timeout: float = 10) -> turns.TurnRecord:
 
 def independent_score(d, rec: turns.TurnRecord) -> np.ndarray:
     """Score the stored tokens again, through the engine's own queue."""
-    runner = d.state.chat.runner
+    runner = d.state.model.runner
     return d.run(runner.call(runner.engine.score, rec.prompt_ids, rec.response_ids)).logprobs
 
 
@@ -125,7 +125,7 @@ def test_sdk_non_streaming(fake_daemon):
     assert ch.message.content == "You said: hello there"
     assert ch.finish_reason == "stop"
     # the fake tokenizer is bytes + BOS; the reply ends with EOS
-    prompt = d.state.chat.format.render([Message(role="user", content="hello there")]).prompt
+    prompt = d.state.model.format.render([Message(role="user", content="hello there")]).prompt
     assert c.usage.prompt_tokens == len(prompt.encode()) + 1
     assert c.usage.completion_tokens == len(b"You said: hello there") + 1
     assert c.usage.total_tokens == c.usage.prompt_tokens + c.usage.completion_tokens
@@ -277,7 +277,7 @@ def check_turn_row(d, stream: bool, sampling: dict) -> None:
     assert len(rec.response_ids) == len(rec.response_logprobs) == usage.completion_tokens
     assert len(rec.prompt_ids) == usage.prompt_tokens
     assert rec.response_text == text
-    assert rec.prompt_ids == d.state.chat.runner.engine.tokenize(rec.prompt_text, add_bos=True)
+    assert rec.prompt_ids == d.state.model.runner.engine.tokenize(rec.prompt_text, add_bos=True)
     assert rec.request == {"messages": [user("score these tokens")]}
     assert rec.turn_type == "main"
     assert (rec.engine, rec.model, rec.chat_format) == ("fake", MODEL, "transcript")
@@ -675,13 +675,13 @@ def test_score_route(fake_daemon):
     """/clawd/score returns the same per-token log-probs as scoring the rendered prompt and the
     completion directly, logs no turn, and rejects unknown or unloaded adapters."""
     d = fake_daemon
-    engine = d.state.chat.runner.engine
+    engine = d.state.model.runner.engine
     messages = [user("what is the capital of Spain?")]
     r = HTTP.post(d.url + "/clawd/score", json={"messages": messages, "completion": "Madrid.", "adapter": "base"})
     assert r.status_code == 200, r.text
     out = r.json()
-    prompt = d.state.chat.format.render([Message(**m) for m in messages]).prompt
-    expected = d.run(d.state.chat.runner.call(engine.score, engine.tokenize(prompt, add_bos=True),
+    prompt = d.state.model.format.render([Message(**m) for m in messages]).prompt
+    expected = d.run(d.state.model.runner.call(engine.score, engine.tokenize(prompt, add_bos=True),
                                               engine.tokenize("Madrid.", add_bos=False, special=False)))
     assert out["adapter"] is None
     assert len(out["tokens"]) == len(out["logprobs"]) == len(expected.logprobs)

@@ -211,7 +211,7 @@ def test_the_teacher_measurement_asks_with_the_hint_the_miner_would_make(name):
     """measure(hinted=teacher_context) asks each held-out prompt in the teacher's context (METHOD §3):
     one of the user's corrections, as the rules judge turns it into a hint, after the marker."""
     from clawd.bench.learning import Budget, measure, teacher_context
-    from clawd.miner import HINT_MARKER
+    from clawd.served import HINT_MARKER
 
     user = resolve_user(name)
     budget = Budget(eval_prompts=3)

@@ -18,7 +18,7 @@ import httpx
 import numpy as np
 import pytest
 
-from clawd.miner import HINT_MARKER
+from clawd.served import HINT_MARKER
 from tests.conftest import ROOT, make_env
 from tests.test_miner import CORRECTION, CORRECTION_HINT, LP_ON, THANKS, UNRELATED, Convo, mine, mining_daemon
 

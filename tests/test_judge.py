@@ -476,7 +476,7 @@ async def test_a_slow_endpoint_times_out_instead_of_hanging(endpoint):
 
 
 class FakeChat:
-    """Stands in for ChatService.complete, recording what the judge asks of it."""
+    """Stands in for ServedModel.complete, recording what the judge asks of it."""
 
     def __init__(self, reply: str = "\\boxed{-1}"):
         self.reply = reply

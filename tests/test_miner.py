@@ -26,7 +26,8 @@ from clawd.engines.fake import VOCAB
 from clawd.engines.fake import Engine as FakeEngine
 from clawd.engines.runner import EngineRunner
 from clawd.errors import ContextLengthExceeded, EngineError
-from clawd.miner import HINT_MARKER, MAX_ATTEMPTS, Miner, overlap
+from clawd.miner import MAX_ATTEMPTS, Miner, overlap
+from clawd.served import HINT_MARKER, ServedModel
 from clawd.protocol import Message
 from clawd.store import signals, turns
 from clawd.store.db import Database
@@ -347,7 +348,7 @@ def test_feedback_while_the_turn_is_being_mined_is_not_lost(md, http):
     c = Convo(md, http)
     t1 = c.say("Suggest a color for my living room.")
     c.say(CORRECTION)
-    engine = md.state.chat.runner.engine
+    engine = md.state.model.runner.engine
     real_score, entered, go = engine.score, threading.Event(), threading.Event()
 
     def held_score(*a, **kw):
@@ -486,7 +487,7 @@ def test_a_long_history_never_crowds_out_new_signals(md, http, monkeypatch):
     learned signals nor piled-up held-out ones can push new signals past a limit."""
     import hashlib
 
-    from clawd.training import data
+    from clawd import jobs as data
 
     ids = []
     for q in ("What color is the sky?", "What color is grass?", "What color is snow?", "What color is coal?"):
@@ -948,8 +949,9 @@ def test_overlap_guided_selection(tmp_path, overlaps, chosen):
         db = await Database.open(tmp_path / "clawd.db")
         runner = EngineRunner(engine)
         try:
-            chat = SimpleNamespace(runner=runner, format=TranscriptFormat(), active_adapter=lambda: "policy-1")
-            miner = Miner(db, chat, MiningSettings(judge="rules", hint_judge="stub", top_k=k, max_hints=3),
+            model = ServedModel(runner, TranscriptFormat())
+            model.active_adapter = "policy-1"
+            miner = Miner(db, model, MiningSettings(judge="rules", hint_judge="stub", top_k=k, max_hints=3),
                           make_judge=lambda spec: HintJudge())
             await miner._direct(sig, turn)
         finally:
@@ -993,12 +995,12 @@ def test_no_candidates_means_no_teacher_work(tmp_path):
 
     async def go():
         db = await Database.open(tmp_path / "clawd.db")
-        chat = SimpleNamespace(runner=EngineRunner(engine), format=TranscriptFormat(), active_adapter=lambda: None)
+        model = ServedModel(EngineRunner(engine), TranscriptFormat())
         try:
-            await Miner(db, chat, MiningSettings(judge="rules", hint_judge="rules"))._direct(sig, turn)
+            await Miner(db, model, MiningSettings(judge="rules", hint_judge="rules"))._direct(sig, turn)
         finally:
             await db.close()
-            chat.runner._thread.shutdown(wait=True)
+            model.runner._thread.shutdown(wait=True)
 
     asyncio.run(go())
     assert sig.hints == [] and sig.hint is None and sig.teacher_logprobs is None

@@ -65,7 +65,7 @@ def test_streams_per_token_and_logs_the_sampled_tokens(real_daemon):
     # batch shapes (~0.1 nats on Q4_K), so the replay keeps the shapes.
     from llama_cpp import Llama
 
-    llm = Llama(model_path=str(real_daemon.state.chat.runner.engine.info.path), n_ctx=512,
+    llm = Llama(model_path=str(real_daemon.state.model.runner.engine.info.path), n_ctx=512,
                 logits_all=True, n_threads=2, verbose=False)
     llm.reset()
     llm.eval(rec.prompt_ids)
@@ -77,5 +77,5 @@ def test_streams_per_token_and_logs_the_sampled_tokens(real_daemon):
     reference = rows[np.arange(n), rec.response_ids] - lse
     np.testing.assert_allclose(rec.response_logprobs, reference, atol=1e-4)
     # The stored text is exactly what the sampled ids decode to (no re-tokenizing).
-    decoded = real_daemon.state.chat.runner.engine.detokenize(rec.response_ids)
+    decoded = real_daemon.state.model.runner.engine.detokenize(rec.response_ids)
     assert decoded.startswith(rec.response_text)

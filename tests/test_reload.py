@@ -219,7 +219,7 @@ def test_restart_only_keys_are_reported_not_applied(watched):
         assert status["config"]["restart_required"] == ["server.port", "model.n_ctx", "generation.top_k"]
         assert set(status["config"]["applied"]) == {"generation.temperature", "log_level"}
         assert watched.state.chat.defaults.temperature == 0.1  # applied
-        assert watched.state.chat.runner.engine.info.n_ctx == 512  # not applied
+        assert watched.state.model.runner.engine.info.n_ctx == 512  # not applied
         assert logging.getLogger().level == logging.DEBUG
         assert status["port"] == watched.state.port != 45678  # still serving where it started
 

@@ -27,7 +27,7 @@ from tests.conftest import TRAIN_ENV, ServeProcess, start_daemon
 def chat(d, text: str, seed: int = 0) -> dict:
     with d.client() as c:
         r = c.post("/v1/chat/completions", json={
-            "model": d.state.chat.model_id, "messages": [{"role": "user", "content": text}],
+            "model": d.state.model.model_id, "messages": [{"role": "user", "content": text}],
             "max_tokens": 12, "temperature": 0.8, "seed": seed})
         assert r.status_code == 200, r.text
         return r.json()
@@ -79,8 +79,8 @@ def wait_for(d, pred, timeout: float = 120) -> dict:
 
 
 def base_logprobs(d, prompt, target, adapter=None) -> np.ndarray:
-    engine = d.state.chat.runner.engine
-    return d.run(d.state.chat.runner.call(engine.score, prompt, target, adapter=adapter)).logprobs
+    engine = d.state.model.runner.engine
+    return d.run(d.state.model.runner.call(engine.score, prompt, target, adapter=adapter)).logprobs
 
 
 def served_logprobs(d, adapter: str = "active") -> np.ndarray:
@@ -100,7 +100,7 @@ LOOP_BASES = {"gguf": {"adapter.gguf"}, "gguf-mlx": {"adapter.gguf"}, "dir": set
 @pytest.mark.parametrize("train_base", list(LOOP_BASES))
 def test_train_promote_serve_and_rollback(train_daemon, train_base):
     d = train_daemon
-    engine = d.state.chat.runner.engine
+    engine = d.state.model.runner.engine
     trained = make_ready_signals(d, 4)
     base_before = served_logprobs(d)
     job = training(d, "POST")
@@ -142,7 +142,7 @@ def test_train_promote_serve_and_rollback(train_daemon, train_base):
 
     # Rollback: back to the base model exactly (same engine, no reload), the newer adapter kept (retired).
     training(d, "POST", "/clawd/adapters/rollback")
-    assert d.state.chat.active_adapter() is None and d.state.chat.runner.engine is engine
+    assert d.state.model.active_adapter is None and d.state.model.runner.engine is engine
     np.testing.assert_array_equal(served_logprobs(d), base_before)
     np.testing.assert_array_equal(base_logprobs(d, p, t), probe_base)
     assert chat(d, "after rollback")["id"]
@@ -150,7 +150,7 @@ def test_train_promote_serve_and_rollback(train_daemon, train_base):
     assert rec.status == "retired" and adir.is_dir()
     # ... and can come back.
     training(d, "POST", f"/clawd/adapters/{aid}/activate")
-    assert d.state.chat.active_adapter() == aid
+    assert d.state.model.active_adapter == aid
     np.testing.assert_array_equal(served_logprobs(d), worn)
 
     # Nothing new to learn: a second run is refused with a clear 400.
@@ -181,7 +181,7 @@ def test_sigkill_trainer_leaves_no_adapter_and_active_unchanged(train_daemon, ph
     finished = [p for p in adapters_dir.iterdir() if not p.name.startswith(".")]
     # Killed: nothing went live, nothing was recorded.
     assert st["state"] == "error" and "code -9" in st["result"]["error"], st
-    assert d.state.chat.active_adapter() is None
+    assert d.state.model.active_adapter is None
     assert d.run(adapter_rows.list_all(d.state.db)) == []
     # Whatever is in the adapters dir is whole (a kill just after the final rename leaves a
     # finished adapter behind, never a partial one).
@@ -221,7 +221,7 @@ def test_corrupt_or_mismatched_adapter_is_refused_and_active_kept(train_daemon, 
     training(d, "POST")
     st = wait_run(d)
     aid = st["result"]["adapter_id"]
-    assert d.state.chat.active_adapter() == aid
+    assert d.state.model.active_adapter == aid
     src = Path(d.run(adapter_rows.get(d.state.db, aid)).path)
 
     # A copy whose GGUF was built for another architecture and other sizes.
@@ -240,12 +240,12 @@ def test_corrupt_or_mismatched_adapter_is_refused_and_active_kept(train_daemon, 
     # A garbage file under a registered adapter: activation refused, the active one unchanged.
     d.run(d.state.registry.activate(None))
     (src / "adapter.gguf").write_bytes(b"GGUF" + os.urandom(64))
-    d.state.chat.runner.engine.unload_adapter(aid)
+    d.state.model.runner.engine.unload_adapter(aid)
     with d.client() as c:
         r = c.post(f"/clawd/adapters/{aid}/activate")
     assert r.status_code == 400, r.text
     assert aid in r.json()["error"]["message"]
-    assert d.state.chat.active_adapter() is None
+    assert d.state.model.active_adapter is None
     assert d.run(adapter_rows.active(d.state.db)) is None
     rec = d.run(adapter_rows.get(d.state.db, aid))  # fetched after the refusal: marked, never active
     assert rec.status == "rejected" and aid in (rec.note or ""), rec
@@ -272,7 +272,7 @@ def test_a_mismatched_adapter_on_a_dir_base_is_refused_naming_each_problem(train
     make_ready_signals(d, 2)
     training(d, "POST")
     aid = wait_run(d)["result"]["adapter_id"]
-    assert d.state.chat.active_adapter() == aid
+    assert d.state.model.active_adapter == aid
     src = Path(d.run(adapter_rows.get(d.state.db, aid)).path)
     worn = served_logprobs(d)
 
@@ -316,8 +316,8 @@ def test_a_mismatched_adapter_on_a_dir_base_is_refused_naming_each_problem(train
     assert r.status_code == 400, r.text
     msg = r.json()["error"]["message"]
     assert "ad-two" in msg and "truncated" in msg, msg
-    assert d.state.chat.active_adapter() == aid and d.run(adapter_rows.active(d.state.db)).id == aid
-    assert "ad-two" not in d.state.chat.runner.engine.loaded_adapters
+    assert d.state.model.active_adapter == aid and d.run(adapter_rows.active(d.state.db)).id == aid
+    assert "ad-two" not in d.state.model.runner.engine.loaded_adapters
     np.testing.assert_array_equal(served_logprobs(d), worn)
     assert d.run(adapter_rows.get(d.state.db, "ad-two")).status == "rejected"
 
@@ -327,14 +327,14 @@ def test_forgetting_a_session_retires_its_adapters(train_daemon):
     ids = make_ready_signals(d, 2)
     training(d, "POST")
     aid = wait_run(d)["result"]["adapter_id"]
-    assert d.state.chat.active_adapter() == aid
+    assert d.state.model.active_adapter == aid
     turn = d.run(__import__("clawd.store.turns", fromlist=["x"]).get_turn(d.state.db, ids[0]))
     with d.client() as c:
         out = c.delete(f"/clawd/sessions/{turn.session_id}").json()
     assert out["retired_adapters"] == [aid]
     rec = d.run(adapter_rows.get(d.state.db, aid))
     assert rec.forgotten and rec.status == "retired" and not Path(rec.path).exists()
-    assert d.state.chat.active_adapter() is None
+    assert d.state.model.active_adapter is None
     with d.client() as c:
         r = c.post(f"/clawd/adapters/{aid}/activate")
     assert r.status_code == 400 and "forgotten" in r.json()["error"]["message"]

@@ -46,7 +46,7 @@ def test_a_stopped_job_is_dropped_when_settings_or_the_served_weights_changed(tr
         sched.settings = dataclasses.replace(sched.settings, learning_rate=sched.settings.learning_rate / 2)
     else:  # same model name, other weights (model.path moved): the checkpoint trained those
         job_file = sched.jobs_dir / first / "job.json"
-        job_file.write_text(job_file.read_text().replace(json.dumps(str(d.state.chat.runner.engine.info.path)),
+        job_file.write_text(job_file.read_text().replace(json.dumps(str(d.state.model.runner.engine.info.path)),
                                                          json.dumps("/elsewhere/model.gguf")))
         assert "/elsewhere/model.gguf" in job_file.read_text()
     second = training(d, "POST")["job_id"]
@@ -78,11 +78,11 @@ def test_start_up_finishes_an_interrupted_promotion_and_survives_broken_files(tr
     make_ready_signals(d, 2)
     training(d, "POST")
     second = wait_run(d)["result"]["adapter_id"]
-    assert d.state.chat.active_adapter() == second
+    assert d.state.model.active_adapter == second
 
     # As if the daemon had died after the trainer wrote `second` but before recording it.
     d.run(reg.rollback())
-    assert d.state.chat.active_adapter() == first
+    assert d.state.model.active_adapter == first
     d.run(d.state.db.conn.execute("DELETE FROM adapters WHERE id = ?", (second,)))
     d.run(d.state.db.conn.commit())
     # Junk beside it: unreadable metadata, and a dir without weights.
@@ -93,16 +93,16 @@ def test_start_up_finishes_an_interrupted_promotion_and_survives_broken_files(tr
     (reg.dir / "ad-empty" / "meta.json").write_text(json.dumps({"id": "ad-empty"}))
 
     d.run(reg.restore())
-    assert d.state.chat.active_adapter() == second  # promoted: it continued from the active one
+    assert d.state.model.active_adapter == second  # promoted: it continued from the active one
     rec = d.run(adapter_rows.get(d.state.db, second))
     assert rec.status == "active" and rec.previous_id == first and rec.gate["live_check"]["corr"] > 0.5
     assert d.run(adapter_rows.get(d.state.db, "ad-junk")) is None
 
     # The active adapter's files break: start-up falls back down the rollback chain.
     (Path(rec.path) / "adapter.gguf").write_bytes(b"GGUF" + b"\0" * 64)
-    d.state.chat.runner.engine.unload_adapter(second)
+    d.state.model.runner.engine.unload_adapter(second)
     d.run(reg.restore())
-    assert d.state.chat.active_adapter() == first
+    assert d.state.model.active_adapter == first
     assert d.run(adapter_rows.get(d.state.db, second)).status == "rejected"
 
 

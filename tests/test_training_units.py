@@ -19,7 +19,7 @@ from clawd.errors import InvalidRequest
 from clawd.scheduler import in_window
 from clawd.store import adapters as rows
 from clawd.store.db import Database
-from clawd.training.data import fit, is_holdout
+from clawd.jobs import fit, is_holdout
 
 
 @pytest.mark.parametrize("window,hhmm,inside", [
@@ -272,7 +272,7 @@ async def test_untrained_count_applies_the_job_builders_test(tmp_path, monkeypat
     turn is gone or has no sampled ids is counted by neither."""
     from types import SimpleNamespace
 
-    from clawd.training import data
+    from clawd import jobs as data
 
     sigs = [SimpleNamespace(turn_id=t, reward=1, hint=None) for t in ("ok", "gone", "empty")]
     sigs.append(SimpleNamespace(turn_id="nothing", reward=0, hint=None))

@@ -43,7 +43,7 @@ def make_adapter(d, tmp_path, adapter_id: str, *, seed: int, parent_id: str | No
     engine, so the registry's live check passes), registered through the registry."""
     from tests.tiny_models import build_tiny_lora
 
-    engine, runner, registry = d.state.chat.runner.engine, d.state.chat.runner, d.state.registry
+    engine, runner, registry = d.state.model.runner.engine, d.state.model.runner, d.state.registry
     adir = registry.dir / adapter_id
     adir.mkdir(parents=True)
     build_tiny_lora(tmp_path / f"{adapter_id}.gguf", engine.info.path, seed=seed)
@@ -100,7 +100,7 @@ def test_compare_answers_side_by_side_without_logging_turns(two_adapters):
     again = httpx.post(f"{d.url}/clawd/adapters/ad-two/compare", params={"n": 2, "max_tokens": 12}, timeout=120)
     assert [p["answers"] for p in again.json()["prompts"]] == answers  # greedy: reproducible
     assert httpx.get(f"{d.url}/clawd/status").json()["turns"] == before  # nothing logged as a turn
-    assert d.state.chat.active_adapter() == "ad-two"  # comparing never switches what is served
+    assert d.state.model.active_adapter == "ad-two"  # comparing never switches what is served
     bad = httpx.post(f"{d.url}/clawd/adapters/ad-two/compare", params={"n": 0})
     assert bad.status_code == 400
 

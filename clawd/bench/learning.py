@@ -56,7 +56,7 @@ from clawd.bench.daemon import Daemon
 from clawd.bench.users import SimulatedUser, resolve_user, shipped_users
 from clawd.errors import ClawdError, ConfigError
 from clawd.judge import JudgeInput, RulesJudge
-from clawd.miner import teacher_messages
+from clawd.served import teacher_messages
 
 # METHOD.md §5: an ablation is a loss weight, nothing else.
 METHODS = {"hybrid": {"w_rl": 1.0, "w_opd": 1.0}, "rl": {"w_rl": 1.0, "w_opd": 0.0},

@@ -27,8 +27,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from clawd.training import blas
+from clawd.training.data import STOPPED
 
-STOPPED = 75  # EX_TEMPFAIL: stopped at a checkpoint on request; run again to resume
 LORA_KEYS = {"q_proj": "self_attn.q_proj", "k_proj": "self_attn.k_proj", "v_proj": "self_attn.v_proj",
              "o_proj": "self_attn.o_proj", "gate_proj": "mlp.gate_proj", "up_proj": "mlp.up_proj",
              "down_proj": "mlp.down_proj"}
@@ -270,7 +270,7 @@ def run(job_dir: Path, cache_dir: Path, out_dir: Path, *, stock_blas: bool = Fal
     lm = load_model(Path(job.model_path), cache_dir=cache_dir)
     note = attach_lora(lm, cfg, job.parent_path)
     active = evaluate.lora_params(lm.model)  # the parent's weights = π_old
-    k = 4
+    k = job.top_k  # mining.top_k, carried by the job
     emit("phase", phase="prepare", samples=len(job.train))
 
     def prepared(i: int, n: int) -> None:

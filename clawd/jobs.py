@@ -1,0 +1,122 @@
+"""Training jobs, daemon side: which signals a run learns from and the samples built from them.
+
+Boundary: reads signals, turns and adapter rows; tokenizes through the ServedModel (teacher
+prompts and canaries get the served model's own template and tokenizer, METHOD §1); writes
+nothing but the job file (clawd/training/data.py, the contract with the trainer child).
+The eligibility rule (`usable_turn`) and the hold-out split live here once, so the
+scheduler's count and the job builder always agree.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+
+from clawd.config import TrainingSettings
+from clawd.protocol import Message
+from clawd.served import ServedModel
+from clawd.store import adapters as adapter_rows
+from clawd.store import signals, turns
+from clawd.store.db import Database
+from clawd.training.data import Job, Sample
+
+# Fixed prompts for the eval gate's forgetting check (KL to the base model) and the live check
+# after a swap: general requests no personal preference should change much.
+CANARY = (
+    ("What is the capital of France?", "The capital of France is Paris."),
+    ("Name three primary colors.", "Red, blue and yellow."),
+    ("How many days are in a week?", "There are seven days in a week."),
+    ("What do bees make?", "Bees make honey."),
+)
+
+MAX_TRAIN = 10_000  # samples per job, oldest first (a run checkpoints per step, so a long one resumes)
+MAX_HOLDOUT = 256  # held-out samples the gate scores per run, newest first
+
+
+def is_holdout(turn_id: str, fraction: float) -> bool:
+    """A stable split: a turn is held out for the gate forever, or never."""
+    h = int.from_bytes(hashlib.sha256(turn_id.encode()).digest()[:8], "big")
+    return h / 2**64 < fraction
+
+
+def fit(prompt: list[int], response: list[int], max_tokens: int, keep_first: bool) -> tuple[list[int], list[int]]:
+    """Cut an over-long sample to max_tokens: the oldest prompt tokens go first (keeping BOS),
+    then the response's tail."""
+    response = response[: max(1, max_tokens - 8)]
+    room = max_tokens - len(response)
+    if len(prompt) > room:
+        head = prompt[:1] if keep_first else []
+        prompt = head + prompt[len(prompt) - (room - len(head)):]
+    return prompt, response
+
+
+async def usable_turn(db: Database, sig: signals.Signal) -> turns.TurnRecord | None:
+    """The signal's turn when a sample can be built from it, else None: the one test that both
+    build_job and untrained_count apply, so the scheduler never fires on signals no job takes."""
+    if not (sig.reward or sig.hint):
+        return None  # METHOD §5: neither an evaluative nor a directive signal -> no sample
+    turn = await turns.get_turn(db, sig.turn_id)
+    return turn if turn is not None and turn.response_ids else None  # deleted, or no sampled ids
+
+
+async def _sample(db: Database, model: ServedModel, sig: signals.Signal, max_tokens: int) -> Sample | None:
+    turn = await usable_turn(db, sig)
+    if turn is None:
+        return None
+    reward = sig.reward or 0
+    keep_first = model.info.add_bos
+    prompt, response = fit(turn.prompt_ids, turn.response_ids, max_tokens, keep_first)
+    teacher = None
+    if sig.hint:
+        teacher, _ = fit(model.teacher_prompt_ids(turn.request, sig.hint), response, max_tokens, keep_first)
+    return Sample(turn.id, prompt, response, reward, teacher)
+
+
+def canary_samples(model: ServedModel) -> list[Sample]:
+    out = []
+    for i, (question, answer) in enumerate(CANARY):
+        prompt = model.prompt_ids([Message(role="user", content=question)])
+        # A leading space is how the transcript format's answers begin; templates strip it.
+        out.append(Sample(f"canary-{i}", prompt, model.reply_ids(" " + answer)))
+    return out
+
+
+async def split_signals(db: Database, model: str, holdout: float) -> tuple[list[str], list[str]]:
+    """(train, held-out) turn ids a job may take: not yet learned by a live adapter, answered by
+    `model`. Split before any cap, so neither side can crowd the other out of a long history;
+    the gate judges on the newest held-out signals."""
+    ids = await signals.trainable_ids(db, model=model, exclude=await adapter_rows.trained_turns(db))
+    train = [t for t in ids if not is_holdout(t, holdout)]
+    held = [t for t in ids if is_holdout(t, holdout)]
+    return train[:MAX_TRAIN], held[-MAX_HOLDOUT:]
+
+
+async def untrained_count(db: Database, model: str, holdout: float) -> int:
+    train, _ = await split_signals(db, model, holdout)
+    n = 0
+    for s in await signals.get_many(db, train):
+        if await usable_turn(db, s):
+            n += 1
+    return n
+
+
+async def build_job(db: Database, model: ServedModel, settings: TrainingSettings, *, job_id: str,
+                    parent: adapter_rows.AdapterRecord | None, top_k: int) -> Job:
+    """Everything one trainer run needs. Train samples: ready, non-vetoed signals not yet
+    learned by a live adapter; holdout: the newest ready held-out signals (never trained on)."""
+    job = Job(job_id, str(model.info.path), model.model_id, dataclasses.asdict(settings),
+              parent_id=parent.id if parent else None, parent_path=parent.path if parent else None,
+              top_k=top_k)
+    train, held = await split_signals(db, model.model_id, settings.holdout)
+    for part, ids in ((job.train, train), (job.holdout, held)):
+        for sig in await signals.get_many(db, ids):
+            sample = await _sample(db, model, sig, settings.max_tokens)
+            if sample is not None:
+                part.append(sample)
+    job.canary = canary_samples(model)
+    return job
+
+
+def same_weights(job: Job, model: ServedModel) -> bool:
+    """Was `job` built for the weights `model` serves now (so its ids still mean the same)?"""
+    return job.model == model.model_id and job.model_path == str(model.info.path)
