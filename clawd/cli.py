@@ -428,18 +428,18 @@ def _gguf_summary(path) -> dict:
 
 
 def cmd_export(args) -> int:
-    """Reads the database directly, read-only: works with the daemon stopped (clawd/export.py says why)."""
-    from clawd import export
+    """Reads the database directly, read-only: works with the daemon stopped (clawd/signal_datasets.py says why)."""
+    from clawd import signal_datasets
 
     _, paths = _setup(args)
     if not args.out or args.out == "-":
-        n = export.export_signals(paths.db_file, args.format, sys.stdout)
+        n = signal_datasets.export_signals(paths.db_file, args.format, sys.stdout)
     else:
         out = os.path.abspath(args.out)
         tmp = out + ".partial"
         try:
             with open(tmp, "w", encoding="utf-8") as fh:
-                n = export.export_signals(paths.db_file, args.format, fh)
+                n = signal_datasets.export_signals(paths.db_file, args.format, fh)
             os.replace(tmp, out)  # a failed export never leaves half a dataset under the real name
         except OSError as e:
             raise ClawdError(f"cannot write {out} ({e.strerror}): pick a writable --out path") from e

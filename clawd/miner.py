@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from clawd import judge as judges
+from clawd.judge_rules import RulesJudge
 from clawd.chat import ChatService
 from clawd.config import MiningSettings
 from clawd.errors import ClawdError, ContextLengthExceeded, Preempted
@@ -88,7 +89,7 @@ class Miner:
         self.db = db
         self.chat = chat
         self.settings = settings
-        self.rules = judges.RulesJudge()
+        self.rules = RulesJudge()
         self._make_judge = make_judge
         self._judges: dict[str, judges.LLMJudge | None] = {"rules": None}
         self._judge_retry_at = 0.0
