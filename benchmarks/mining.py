@@ -35,11 +35,10 @@ import tempfile
 import time
 from pathlib import Path
 
-import httpx
-
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from clawd.client import DaemonClient  # noqa: E402
 from clawd.paths import ensure_dirs, resolve_paths  # noqa: E402
 
 # (first request, the user's next message). The rules decide corrections (-1, plus the
@@ -143,11 +142,11 @@ class Daemon:
         else:
             raise SystemExit("clawd serve did not start within 120 s")
         self.ready = time.perf_counter()
-        self.client = httpx.Client(base_url=self.url, timeout=600)
-        self.model_id = self.client.get("/v1/models").json()["data"][0]["id"]
+        self.client = DaemonClient(self.url, timeout=600)
+        self.model_id = self.client.request("GET", "/v1/models").json()["data"][0]["id"]
 
     def status(self) -> dict:
-        return self.client.get("/clawd/status").json()
+        return self.client.request("GET", "/clawd/status").json()
 
     def stop(self) -> None:
         self.client.close()
@@ -181,9 +180,7 @@ def fresh_home(base: Path, name: str, seeded: Path | None) -> Path:
 def chat(d: Daemon, messages: list[dict], max_tokens: int, session_id: str) -> str:
     body = {"model": d.model_id, "messages": messages, "stream": False, "temperature": 0,
             "max_tokens": max_tokens, "seed": 1, "session_id": session_id}
-    r = d.client.post("/v1/chat/completions", json=body)
-    r.raise_for_status()
-    return r.json()["choices"][0]["message"]["content"]
+    return d.client.post("/v1/chat/completions", body)["choices"][0]["message"]["content"]
 
 
 def timed_stream(d: Daemon, user: str, max_tokens: int, session_id: str) -> dict:
@@ -230,7 +227,7 @@ def ttft_phase(d: Daemon, users: list[str], gaps: list[float], max_tokens: int, 
     # the lookups never overlap a measured request.
     for row in rows:
         if row["turn_id"]:
-            timings = d.client.get(f"/clawd/turns/{row['turn_id']}").json().get("timings") or {}
+            timings = d.client.request("GET", f"/clawd/turns/{row['turn_id']}").json().get("timings") or {}
             row["server_ttft_ms"] = timings.get("ttft_ms")
     return rows
 
@@ -251,7 +248,7 @@ def mine_until_drained(d: Daemon, expected: int, timeout_s: float) -> dict:
             break
         time.sleep(0.25)
     elapsed = time.perf_counter() - t0
-    rows = d.client.get("/clawd/signals", params={"limit": 10_000}).json()
+    rows = d.client.request("GET", "/clawd/signals", params={"limit": 10_000}).json()
     mined = [r for r in rows if r["status"] in ("ready", "empty")]
     return {"elapsed_s": elapsed, "mined": len(mined), "pending": sig["pending"], "waiting": sig["waiting"],
             "timed_out": sig["pending"] > 0 or done < expected,

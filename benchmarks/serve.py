@@ -23,11 +23,10 @@ import tempfile
 import time
 from pathlib import Path
 
-import httpx
-
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from clawd.client import DaemonClient  # noqa: E402
 from clawd.paths import ensure_dirs, resolve_paths  # noqa: E402
 from clawd.protocol import Message  # noqa: E402
 from clawd.templates import TranscriptFormat  # noqa: E402
@@ -70,7 +69,7 @@ def timed_anchor(llm, prompt: str, max_tokens: int, stop: list[str], temperature
     return _rates(t0, stamps, len(stamps))
 
 
-def timed_daemon(client: httpx.Client, model_id: str, user: str, max_tokens: int,
+def timed_daemon(client: DaemonClient, model_id: str, user: str, max_tokens: int,
                  temperature: float = 0.0) -> dict:
     body = {"model": model_id, "messages": [{"role": "user", "content": user}], "stream": True,
             "temperature": temperature, "top_p": 0.95, "seed": 1, "max_tokens": max_tokens,
@@ -121,8 +120,8 @@ def main() -> None:
     fmt = TranscriptFormat()
     proc, url = start_daemon(home, args.model and model, args.threads)
     try:
-        client = httpx.Client(base_url=url, timeout=300)
-        model_id = client.get("/v1/models").json()["data"][0]["id"]
+        client = DaemonClient(url, timeout=300)
+        model_id = client.request("GET", "/v1/models").json()["data"][0]["id"]
         llm = Llama(model_path=str(model), n_ctx=4096, n_threads=args.threads, n_threads_batch=args.threads,
                     verbose=False)
         # Warm both (page in weights, first-call allocations).

@@ -56,32 +56,16 @@ def cmd_serve(args) -> int:
     return 0
 
 
-def _client(settings: Settings, paths: Paths):
-    import httpx
-
-    from clawd.token import read_token
-
-    host = settings.server.host
-    if host in ("0.0.0.0", "::"):
-        host = "127.0.0.1"
-    headers = {}
-    if paths.token_file.exists():
-        headers["Authorization"] = f"Bearer {read_token(paths.token_file)}"
-    base = f"http://{'[' + host + ']' if ':' in host else host}:{settings.server.port}"
-    return httpx.Client(base_url=base, headers=headers, timeout=5.0)
-
-
 def cmd_chat(args) -> int:
     """The TUI, on the configured daemon; it offers to start the daemon when none answers."""
     import subprocess
 
+    from clawd.client import daemon_token, daemon_url
     from tui.app import ClawdApp  # the one place clawd reaches for the TUI: at this edge, lazily
     from tui.client import DaemonClient
 
     settings, paths = _setup(args)
-    http = _client(settings, paths)
-    base_url, token = str(http.base_url), http.headers.get("Authorization", "").removeprefix("Bearer ") or None
-    http.close()
+    base_url, token = daemon_url(settings), daemon_token(paths)
 
     def start_daemon() -> None:
         paths.log_dir.mkdir(parents=True, exist_ok=True)
@@ -94,15 +78,13 @@ def cmd_chat(args) -> int:
 
 
 def cmd_status(args) -> int:
-    import httpx
+    from clawd.client import DaemonClient, HTTPError
 
     settings, paths = _setup(args)
     try:
-        with _client(settings, paths) as c:
-            r = c.get("/clawd/status")
-            r.raise_for_status()
-            status = r.json()
-    except httpx.HTTPError as e:
+        with DaemonClient.configured(settings, paths) as c:
+            status = c.get("/clawd/status")
+    except HTTPError as e:
         status = {"running": False, "url": f"http://{settings.server.host}:{settings.server.port}",
                   "reason": str(e) or type(e).__name__, "home": str(paths.config_dir)}
         if args.json:
@@ -137,19 +119,11 @@ def cmd_status(args) -> int:
 
 def _daemon_call(args, method: str, path: str, **kw):
     """One request to the running daemon; its JSON, or a one-line error."""
-    import httpx
+    from clawd.client import DaemonClient
 
     settings, paths = _setup(args)
-    try:
-        with _client(settings, paths) as c:
-            r = c.request(method, path, **kw)
-    except httpx.HTTPError as e:
-        raise ClawdError(f"clawd is not running at {settings.server.host}:{settings.server.port} "
-                         f"({e or type(e).__name__}): start it with `clawd serve`") from e
-    body = r.json()
-    if r.status_code >= 400:
-        raise ClawdError(body.get("error", {}).get("message", f"HTTP {r.status_code}"))
-    return body
+    with DaemonClient.configured(settings, paths) as c:
+        return c.call(method, path, **kw)
 
 
 def _signal_line(s: dict) -> str:
@@ -249,15 +223,15 @@ def _wait_for_daemon(args, seconds: float) -> None:
     error (a wrong token), ends the wait."""
     import time
 
-    import httpx
+    from clawd.client import DaemonUnreachable
 
     deadline = time.monotonic() + seconds
     while True:
         try:
             _daemon_call(args, "GET", "/clawd/health")
             return
-        except ClawdError as e:
-            if not isinstance(e.__cause__, httpx.HTTPError) or time.monotonic() >= deadline:
+        except DaemonUnreachable:
+            if time.monotonic() >= deadline:
                 raise
             time.sleep(2.0)
 
@@ -428,18 +402,18 @@ def _gguf_summary(path) -> dict:
 
 
 def cmd_export(args) -> int:
-    """Reads the database directly, read-only: works with the daemon stopped (clawd/export.py says why)."""
-    from clawd import export
+    """Reads the database directly, read-only: works with the daemon stopped (clawd/signal_datasets.py says why)."""
+    from clawd import signal_datasets
 
     _, paths = _setup(args)
     if not args.out or args.out == "-":
-        n = export.export_signals(paths.db_file, args.format, sys.stdout)
+        n = signal_datasets.export_signals(paths.db_file, args.format, sys.stdout)
     else:
         out = os.path.abspath(args.out)
         tmp = out + ".partial"
         try:
             with open(tmp, "w", encoding="utf-8") as fh:
-                n = export.export_signals(paths.db_file, args.format, fh)
+                n = signal_datasets.export_signals(paths.db_file, args.format, fh)
             os.replace(tmp, out)  # a failed export never leaves half a dataset under the real name
         except OSError as e:
             raise ClawdError(f"cannot write {out} ({e.strerror}): pick a writable --out path") from e

@@ -25,7 +25,8 @@ from clawd.config import Settings
 from clawd.engines.base import Engine
 from clawd.engines.runner import EngineRunner
 from clawd.errors import ConfigError
-from clawd.judge import LLMJudge, completer_for
+from clawd.judge import LLMJudge
+from clawd.judge_completers import completer_for
 from clawd.miner import Miner
 from clawd.paths import Paths
 from clawd.reload import ConfigWatcher

@@ -23,6 +23,7 @@ import numpy as np
 from clawd import judge as judges
 from clawd.config import MiningSettings
 from clawd.errors import ClawdError, ContextLengthExceeded, Preempted
+from clawd.judge_rules import RulesJudge
 from clawd.protocol import Message
 from clawd.served import ServedModel
 from clawd.store import feedback, signals, turns
@@ -77,7 +78,7 @@ class Miner:
         self.db = db
         self.model = model
         self.settings = settings
-        self.rules = judges.RulesJudge()
+        self.rules = RulesJudge()
         self._make_judge = make_judge
         self._judges: dict[str, judges.LLMJudge | None] = {"rules": None}
         self._judge_retry_at = 0.0

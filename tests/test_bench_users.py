@@ -13,7 +13,8 @@ import pytest
 from clawd.bench import report
 from clawd.bench.users import load_user, parse_user, resolve_user, shipped_users
 from clawd.errors import ConfigError
-from clawd.judge import JudgeInput, RulesJudge
+from clawd.judge import JudgeInput
+from clawd.judge_rules import RulesJudge
 
 
 def user_with(checks: list[dict], **over) -> object:

@@ -20,15 +20,13 @@ from clawd.judge import (
     JudgeInput,
     JudgeUnavailable,
     LLMJudge,
-    OpenAICompleter,
-    ServedModelCompleter,
-    completer_for,
     evaluative_messages,
     hint_messages,
     majority,
     parse_boxed,
     parse_hint,
 )
+from clawd.judge_completers import OpenAICompleter, ServedModelCompleter, completer_for
 from clawd.protocol import Message
 
 BOXED = [

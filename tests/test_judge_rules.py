@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from clawd.judge import MIN_HINT_CHARS, JudgeInput, RulesJudge
+from clawd.judge import MIN_HINT_CHARS, JudgeInput
+from clawd.judge_rules import RulesJudge
 
 J = RulesJudge()
 

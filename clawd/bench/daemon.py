@@ -1,8 +1,8 @@
 """A real `clawd serve` subprocess on its own CLAWD_HOME, and the few HTTP calls a benchmark makes.
 
-Boundary: process life (start, wait for "serving", stop) and thin request helpers; what to
-ask and what to measure is the caller's business. Output goes to a log file in the home (a
-pipe nobody reads would stall the daemon).
+Boundary: process life (start, wait for "serving", stop) and thin request helpers over
+clawd/client.py; what to ask and what to measure is the caller's business. Output goes to a
+log file in the home (a pipe nobody reads would stall the daemon).
 """
 
 from __future__ import annotations
@@ -14,8 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-import httpx
-
+from clawd.client import DaemonClient
 from clawd.errors import ClawdError
 
 
@@ -47,18 +46,14 @@ class Daemon:
                 raise DaemonFailed(f"clawd serve did not start; its log ({self.log}) ends:\n"
                                    + self.log.read_text()[-2000:])
             time.sleep(0.1)
-        self.http = httpx.Client(base_url=self.url, timeout=600)
+        self.http = DaemonClient(self.url, timeout=600)
         self.model_id = self.get("/v1/models")["data"][0]["id"]
 
     def get(self, path: str, **params) -> dict:
-        r = self.http.get(path, params=params)
-        r.raise_for_status()
-        return r.json()
+        return self.http.get(path, **params)
 
     def post(self, path: str, body: dict | None = None, **params) -> dict:
-        r = self.http.post(path, json=body, params=params)
-        r.raise_for_status()
-        return r.json()
+        return self.http.post(path, body, **params)
 
     def chat(self, messages: list[dict], *, max_tokens: int, temperature: float, seed: int,
              session_id: str, side: bool = False) -> dict:
@@ -74,7 +69,7 @@ class Daemon:
         """The turn's signal once the miner is done with it (ready or empty)."""
         deadline = time.time() + timeout_s
         while time.time() < deadline:
-            r = self.http.get(f"/clawd/signals/{turn_id}")
+            r = self.http.request("GET", f"/clawd/signals/{turn_id}")
             if r.status_code == 200 and r.json()["status"] in ("ready", "empty"):
                 return r.json()
             time.sleep(0.2)

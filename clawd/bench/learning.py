@@ -55,7 +55,8 @@ from clawd.bench import report
 from clawd.bench.daemon import Daemon
 from clawd.bench.users import SimulatedUser, resolve_user, shipped_users
 from clawd.errors import ClawdError, ConfigError
-from clawd.judge import JudgeInput, RulesJudge
+from clawd.judge import JudgeInput
+from clawd.judge_rules import RulesJudge
 from clawd.served import teacher_messages
 
 # METHOD.md §5: an ablation is a loss weight, nothing else.

@@ -60,7 +60,7 @@ def _blob(a: np.ndarray | None) -> bytes | None:
 
 def from_row(r) -> Signal:
     """A `signals` row (sqlite3.Row or any name-indexed mapping) as a Signal; also used by
-    read-only readers outside the daemon (clawd/export.py)."""
+    read-only readers outside the daemon (clawd/signal_datasets.py)."""
     n_k = None
     if r["student_top_ids"] is not None:
         k = r["top_k"]

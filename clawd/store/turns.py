@@ -129,7 +129,7 @@ def _to_row(rec: TurnRecord) -> tuple:
 
 def from_row(r: Any) -> TurnRecord:
     """A `turns` row (sqlite3.Row or any name-indexed mapping) as a TurnRecord; also used by
-    read-only readers outside the daemon (clawd/export.py)."""
+    read-only readers outside the daemon (clawd/signal_datasets.py)."""
     return TurnRecord(
         id=r["id"],
         session_id=r["session_id"],

@@ -239,7 +239,7 @@ def test_the_readme_example_loads_with_datasets(world, tmp_path):
 
 def test_unmeasured_logprobs_export_as_null():
     """An upstream engine's end token has no log-prob (NaN in the store): valid JSON says null."""
-    from clawd.export import _list
+    from clawd.signal_datasets import _list
 
     assert _list(np.array([-0.5, np.nan], np.float32)) == [-0.5, None]
     assert json.dumps(_list(np.array([np.nan], np.float32)), allow_nan=False) == "[null]"

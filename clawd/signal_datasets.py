@@ -1,4 +1,5 @@
-"""Dataset export: the mined, non-vetoed, ready signals as files other trainers read.
+"""Signal datasets (`clawd export signals`): the mined, non-vetoed, ready signals as files other
+trainers read.
 
 Boundary: reads clawd's SQLite database directly, read-only, and writes JSON Lines. It
 never writes the database and never talks to the daemon or an engine.

@@ -1,0 +1,281 @@
+"""The rule judge: English patterns for corrections, thanks and tool errors (METHOD.md §2).
+
+Boundary: tables of regexes and the few lines that weigh them; text in, a Verdict (or None
+when unsure, so the caller can hand the turn to an LLM judge) and the user's own correction
+out. No model, no I/O. The judge's shared types and prompt helpers live in clawd/judge.py.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from clawd.judge import MIN_HINT_CHARS, JudgeInput, Verdict, _last_user_index, _message_text
+
+
+# Tables, not logic: each entry is one regex over the normalised (lower-case, straight
+# apostrophes) text. Precedence: STRONG corrections beat approval ("thanks, but that's
+# wrong" is -1); WEAK corrections lose to approval ("no, that's perfect" is +1); HOLD cues
+# and "approval ... but" leave the turn undecided for the LLM judge.
+
+def _rx(*patterns: str) -> list[re.Pattern]:
+    return [re.compile(p) for p in patterns]
+
+
+# Phrases that contain a cue word but mean no harm; blanked out before matching.
+NEUTRAL = _rx(
+    r"\bno (problem|worries|worry|stress)\b", r"\bno,? thanks?( you)?\b", r"\bno,? thank you\b",
+    r"\bdon'?t (worry|mind)\b", r"\bi (don'?t|do not) know\b", r"\bnot (wrong|incorrect)\b",
+    r"\b(nothing|anything|what'?s|what is|what was|something|what went|what goes) (is |was |went |goes )?wrong\b",
+    r"\bdon'?t need anything (else|more)\b", r"\bdon'?t change (a thing|anything)\b",
+    r"\b(can'?t|couldn'?t) (complain|thank you enough|be happier)\b",
+    r"\bno complaints\b", r"\bno longer\b", r"\bno (errors?|issues?|bugs?|problems?)\b",
+)
+
+STRONG = _rx(
+    # outright rejection
+    r"\b(that'?s|that is|this is|it'?s|it is|you'?re|you are|you got( it)?|still|all|completely|totally"
+    r"|is|are|was|were|answer is|seems?|looks?) (\w+ )?(wrong|incorrect|inaccurate|false|not right|not correct)\b",
+    r"^\W*(wrong|incorrect|not right|not correct)\b", r"\bwrong (answer|result|number|language|file|format|one"
+    r"|approach|unit|units|date|name|value|output|version|library|function|method|word|way)\b",
+    r"\bnot (what|the (one|thing|answer|result|format|point))\b", r"^\W*not (it|really|exactly|quite)\b",
+    r"\bnot quite\b", r"\bclose,? but\b", r"\w, not (?!bad\b|only\b|just\b|sure\b|yet\b|too\b|that\b|to\b)\w",
+    r"\b(that|this|it) (isn'?t|is not|wasn'?t|was not) (it|right|correct|true|accurate|what|helpful|useful)\b",
+    r"\bi (don'?t|do not) think (that|this|it)('?s| is| was)? (right|correct|true|accurate)\b",
+    r"\b(mistake|typo|mistakes|typos)\b", r"\bthanks for nothing\b", r"\bmakes no sense\b", r"\bnonsense\b",
+    r"\b(useless|unhelpful)\b",
+    # "I meant", "I asked", rephrasings
+    r"(?<!what )(?<!exactly )\bi meant\b", r"\bwhat i meant (was|is)\b",
+    r"\bi (was )?(asked|asking) (for|about|you)\b",
+    r"\bi said\b", r"(?<!what )\bi wanted\b", r"\bi (never|didn'?t|did not) (ask|say|said|want|request)\b",
+    r"\blet me (rephrase|clarify|be clearer|try again)\b", r"\bin other words\b", r"\bto (clarify|be clear)\b",
+    r"\bmy question (is|was)\b", r"\bread (my|the) (question|message|request) again\b",
+    r"\b(you )?(misunderstood|misread|misunderstand)\b",
+    # redo
+    r"\b(rewrite|reword|rephrase|redo|re-do|regenerate|retry|start over|try again|do it again"
+    r"|do that again|one more time)\b", r"\bgive it another (try|shot|go)\b", r"\banother (try|attempt)\b",
+    # it does not work
+    r"\b(doesn'?t|does not|didn'?t|did not|won'?t|will not|isn'?t|is not|wasn'?t|can'?t|cannot)"
+    r" (work|compile|run|build|help|answer|load|start|fix|solve|make sense|exist|match"
+    r"|look right|seem right|seem correct|do what)\b",
+    r"\bnot working\b", r"\b(it|this|that|the code|the script|the app|the test|the tests|tests|the build"
+    r"|the page|the link|the command) (still )?(fails|failed|failing|crashes|crashed|crashing|breaks|broke"
+    r"|hangs|hung|errors|errored)\b", r"\bbroken\b",
+    r"\b(get|got|getting|see|seeing|throws?|threw|raises?|raised|gives?|gave|giving|shows?|showed)\b[^.!?]{0,25}"
+    r"(error|exception|traceback|segfault|stack trace)\b",
+    r"traceback \(most recent call last\)", r"\b\w+(error|exception): ",
+    r"\b(there'?s|there is|there are|has|have|got|found) (a|an|another|one|some|two|several) (\w+ )?"
+    r"(bug|bugs|error|errors|problem|issue)\b",
+    # something missing or ignored
+    r"\byou (forgot|missed|left out|skipped|omitted|ignored|didn'?t|did not|never|haven'?t|have not"
+    r"|can'?t|still)\b", r"\b(is|are|'s|'re|still) missing\b", r"^\W*missing\b",
+    r"\b(it|that|this|the \w+|which|there|you|answer|response) (should|shouldn'?t|should not|must|needs to|has to)"
+    # not "work"/"do": "that should work, thanks" is approval
+    r" (be|have|use|say|return|not|include|contain|go|mention|handle|ignore|support|show|print|sound|read"
+    r"|start|end|only|stay|match|accept|take|list|explain|cover)\b", r"\bshould(n'?t)? have\b", r"\bshould'?ve\b",
+    r"\bsupposed to\b", r"\byou (should|need to|have to|must)\b",
+    # change requests
+    r"\bchange\b[^.!?]{0,40}\bto\b", r"\bchange (it|that|this|the)\b", r"\breplace\b[^.!?]{0,40}\bwith\b",
+    r"\bswitch\b[^.!?]{0,40}\bto\b", r"\binstead\b", r"\brather than\b", r"\bfix (it|this|that)\b",
+    r"\b(make|keep|write|rewrite|reword|phrase|give|get) (it|this|that|them|these|those|the( \w+){0,2}?"
+    r"|your( \w+)? (answer|reply|response)) (a (bit|little|lot) |much |way |even |slightly )?"
+    r"(more|less|shorter|longer|simpler|clearer|smaller|bigger|faster|cleaner|friendlier|warmer|funnier|easier"
+    r"|briefer|tighter)\b",
+    r"\bbe (a (bit|little|lot) |much |way )?(more|less) \w+", r"(^|[.!?]\s*)(a (bit|little|lot) )?(more|less) "
+    r"(?!of\b|please\b|than\b|importantly\b|or\b|and\b|likely\b)\w+",
+    r"\b(shorter|briefer|terser|simpler|more concise|less verbose|less wordy)\b",
+    r"\btoo (long|short|verbose|wordy|formal|informal|casual|complicated|complex|technical|simple|basic|vague"
+    r"|generic|repetitive|much|many|slow|big|small|robotic|stiff|dense|brief|terse|lengthy|detailed|advanced"
+    r"|cheesy|boring|bland|harsh|cold|dry|academic|fancy|flowery)\b",
+    r"\bwould be (great|nice|good|better|helpful) if\b", r"\bit'?d be (great|nice|good|better)\b",
+    r"\bwithout (the|any|all|those|these)\b", r"\bno more\b", r"\bget rid of\b",
+    r"\bno (bullet|bold|lists?|emojis?|markdown|headers|headings|jargon|intro|preamble|apolog)",
+    # imperative don't / never / stop
+    r"(^|[.!?;,:]\s*|\b(please|pls|and|but|also|just|so|ok|okay|then|again|seriously)\s+)"
+    r"(don'?t|do not|never)\s+(?!mind\b)\w+",
+    r"\b(stop|quit) (using|adding|putting|writing|saying|doing|making|being|with|giving|apologi\w*|repeating"
+    r"|including|it|that)\b", r"\bi (don'?t|do not) (like|want|need)\b", r"\bi (hate|dislike)\b",
+    r"👎|😡|🙄|😤",
+)
+
+# A leading "no" is a correction, unless it answers the assistant's own question.
+_NO_LEAD = re.compile(r"^\W*(no|nope|nah|nop)\b")
+WEAK = _rx(
+    r"^\W*actually\b", r"\bare you sure\b", r"^\W*i mean\b",
+    r"\b(remove|delete|drop|cut|lose|skip) (the|all|those|these|that|this|it|them|your)\b",
+    r"^\W*(ugh+|meh)\b",
+)
+
+HOLD = _rx(r"\bnever ?mind\b", r"\bforget (it|that)\b")
+
+APPROVAL = _rx(
+    r"\b(thanks|thank (you|u)|thx|thnx|tysm|ty|cheers|ta|much appreciated|appreciate (it|that|this|the help|you))\b",
+    r"\b(perfect|excellent|awesome|amazing|brilliant|fantastic|wonderful|superb|great|nice|cool|sweet|neat"
+    r"|lovely|exactly|outstanding|beautiful|impressive|helpful|lifesaver|legend|genius)\b",
+    r"\b(that|this|it) (works|worked|did it|did the trick|fixed it|helps|helped|solved it|is correct"
+    r"|was correct|is right|was right)\b", r"\bworks (now|great|perfectly|fine|well|like a charm)\b",
+    r"\b(that'?s|that is|you'?re|you are) (right|correct|spot on|it exactly)\b", r"\bspot on\b", r"\bnailed it\b",
+    r"\blove (it|this|that)\b", r"\b(looks|sounds|seems) (good|great|right|fine|perfect)\b", r"\blgtm\b",
+    r"\b(good|nice|great) (job|work|answer|stuff|one)\b", r"\bwell done\b", r"\bmakes sense\b",
+    r"\bgot it\b", r"\bjust what i (needed|wanted|was looking for)\b", r"^\W*(good|very good|all good|not bad)\b",
+    r"\bthat'?s (good|fine|better|much better)\b", r"\bnot bad\b",
+    r"👍|🙏|👌|🎉|❤️|❤|😊|🙂|😀|😄|💯|🔥|🥳|✅",
+)
+
+# Approval followed by "but" is a reservation, not a verdict.
+_RESERVATION = re.compile(r"\b(but|however|though|although|except)\b")
+_NEGATORS = {"not", "no", "never", "hardly", "barely", "nothing", "far", "nor", "without"}
+
+# Tool results (METHOD §2: a tool error is -1, a success +1). Matched on the original
+# case: a tool may return source code, where `error: str` or `failed = []` is no error.
+TOOL_NEUTRAL = _rx(
+    r"(?i)\b(0|no|zero|without( any)?) (errors?|failures?|failed|exceptions?|issues?)\b",
+    r"(?i)\b(errors?|failures?|failed)\s*[:=]\s*0\b", r"(?i)\berror[_ ]?(code|count)\s*[:=]\s*0\b",
+    r"(?i)\"(is_)?error\"\s*:\s*(null|none|false|\"\"|\[\]|\{\}|0)",
+)
+TOOL_ERROR = _rx(
+    r"(?i)traceback \(most recent call last\)",
+    # a line-start marker, but not code: `error = ...`, `error: str`, `error: ClawdError | None`
+    r"(?m)^\s*(Error|ERROR|error|Fatal|FATAL|fatal|Failed|FAILED|failed|Failure|FAILURE|Exception|panic)\b"
+    r"(?![^\n]*=)(?!\s*[(.\[])(?!\s*:\s*((str|int|bool|float|dict|list|Optional|None)\b|[A-Z]\w*\s*([|\[,]|$)))",
+    r"(?m)^\s*[\w.]*[A-Z]\w*(Error|Exception)\s*:", r"(?im)^\s*\[(error|fatal)\]", r"(?i)\bnpm err!",
+    r"(?i)\b(fatal|syntax|runtime|internal|unexpected|unhandled|uncaught) (error|exception)\b",
+    r"(?i)\ban? (\w+ )?(error|exception) (occurred|occured|has occurred|was raised|was thrown)\b",
+    r"(?i)\b(raised|threw|thrown) an? (\w+ )?exception\b", r"(?i)\bfailed\b(?!\s*[=(.\[:])",
+    r"(?i)\b(command not found|no such file or directory|permission denied|segmentation fault|core dumped"
+    r"|timed out|connection refused|not recognized as an internal or external command|access denied)\b",
+    r"(?i)\b(exit(ed)?( with)?( code| status)?|return ?code|returncode|exit_code)\s*[:=]?\s*-?[1-9]\d*\b",
+    r"(?i)\brc\s*[:=]\s*-?[1-9]\d*\b",
+    r"(?i)\b(4\d\d|5\d\d) (not found|bad request|unauthorized|forbidden|internal server error"
+    r"|service unavailable|bad gateway|gateway timeout)\b", r"(?i)\bhttp(/[\d.]+)? (4\d\d|5\d\d)\b",
+    r"(?i)\"?status(_code)?\"?\s*[:=]\s*(4\d\d|5\d\d)\b",
+    r"(?i)\"(is_)?error\"\s*:\s*(true|\"[^\"]+\"|\{)", r"(?i)\"status\"\s*:\s*\"(error|failed|failure)\"",
+)
+
+_FENCE = re.compile(r"```.*?(```|$)", re.DOTALL)
+_WORD = re.compile(r"[a-z0-9]+(?:'[a-z]+)?")
+_STOP = set("a an the to of in on for and or is are was be it it's this that that's with as at by me my i i'm "
+            "you your please can could would will do does how what what's why which who when where pls".split())
+# "another joke", "the next step": asking for a new item is not asking again
+_NEW_ITEM = re.compile(r"\b(another|next|new|more|also|different|other|else|too|now|then)\b")
+_SENTENCE = re.compile(r"(?<=[.!?])\s+|\n+")
+# Lead-ins stripped from a correction. "No", "wrong", "ok"... only when punctuation ends them:
+# in "No bold please" or "Wrong language, I asked for Italian" the word is the instruction.
+_LEAD_IN = re.compile(
+    r"^\s*(((no|nope|nah|wrong|incorrect|not quite|not really|not exactly|sorry|ok|okay|meh)\s*[,.!:;—–-]"
+    r"|(hmm+|ugh+|um+|uh+|well|actually|oh|but|and|so)\b"
+    r"|(thanks|thank you|great|nice|perfect|cool|looks good)[\s,.!]*but\b)"
+    r"[\s,.!:;—–-]*)+",
+    re.IGNORECASE,
+)
+_FILLER = re.compile(r"^\W*(thanks|thank you|thx|ok|okay|hmm+|ugh+|please|pls|sorry|no|nope|wrong)?\W*$", re.I)
+_TRACEBACK = re.compile(r"traceback \(most recent call last\)|^\s*[\w.]*(?:error|exception)\s*:", re.I | re.M)
+
+
+def _normalise(text: str) -> str:
+    text = text.replace("\u2019", "'").replace("\u2018", "'").lower()
+    return re.sub(r"\s+", " ", _FENCE.sub(" ", text)).strip()
+
+
+def _blank(text: str, patterns: list[re.Pattern]) -> str:
+    for p in patterns:
+        text = p.sub(lambda m: " " * len(m.group(0)), text)
+    return text
+
+
+def _negated(text: str, start: int) -> bool:
+    """Whether the approval word at `start` is negated within its own clause
+    ("not perfect", "isn't helpful"); such an approval counts as a complaint."""
+    clause = re.split(r"[.,;:!?]", text[:start])[-1]
+    return any(w in _NEGATORS or w.endswith("n't") for w in clause.split()[-4:])
+
+
+def _content_words(text: str) -> set[str]:
+    return {w for w in _WORD.findall(text.lower()) if w not in _STOP and len(w) > 1}
+
+
+def _restates(previous: str, text: str) -> bool:
+    """The same request asked again (METHOD §1 re-query): most content words shared."""
+    a, b = _content_words(previous), _content_words(text)
+    if len(a) < 2 or len(b) < 2 or _NEW_ITEM.search(text.lower()):
+        return False
+    return len(a & b) / len(a | b) >= 0.6
+
+
+def _ends_with_question(response: str) -> bool:
+    return response.rstrip().rstrip("*_)\"'").endswith("?")
+
+
+@dataclass(frozen=True)
+class _Cues:
+    strong: bool
+    weak: bool
+    hold: bool
+    approval: bool
+    reservation: bool
+
+
+class RulesJudge:
+    """Fast English patterns for the clear cases; None when unsure (METHOD §2: the judge
+    may be rules). A change request is a correction, so it scores -1."""
+
+    source = "rules"
+
+    def evaluate(self, inp: JudgeInput) -> Verdict | None:
+        score = self._score(inp)
+        return None if score is None else Verdict(score, [], self.source)
+
+    def correction(self, inp: JudgeInput) -> str | None:
+        """The user's own correction, cleaned of lead-ins ("no,", "nope", "thanks, but"),
+        as a hint candidate (METHOD §3); None unless the next state is a user correction
+        with something to say (longer than MIN_HINT_CHARS)."""
+        if inp.next_role != "user" or self._score(inp) != -1:
+            return None
+        text = _TRACEBACK.split(inp.next_state, maxsplit=1)[0]  # a pasted error is no instruction
+        text = _FENCE.sub(" ", text)
+        sentences = [s.strip() for s in _SENTENCE.split(text) if s and s.strip()]
+        if sentences:
+            sentences[0] = _LEAD_IN.sub("", sentences[0])
+        sentences = [s for s in sentences if not _FILLER.match(s)]
+        if len(sentences) > 3:  # keep the sentences that carry the correction
+            cued = [s for s in sentences if self._cues(_normalise(s), "").strong]
+            sentences = (cued or sentences)[:3]
+        out = " ".join(sentences).strip()
+        if not out:
+            return None
+        out = out[0].upper() + out[1:]
+        return out if len(out) > MIN_HINT_CHARS else None
+
+    # -- internals --
+
+    def _score(self, inp: JudgeInput) -> int | None:
+        if inp.next_role == "tool":
+            text = _blank(inp.next_state, TOOL_NEUTRAL)
+            return -1 if any(p.search(text) for p in TOOL_ERROR) else 1
+        if inp.next_role != "user" or not inp.next_state.strip():
+            return None
+        cues = self._cues(_normalise(inp.next_state), inp.response)
+        i = _last_user_index(inp.request)
+        restated = i is not None and _restates(_message_text(inp.request[i]), inp.next_state)
+        if cues.strong:
+            return -1
+        if cues.hold:
+            return None
+        if cues.approval:
+            return None if cues.reservation else 1
+        if cues.weak or restated:
+            return -1
+        return None
+
+    def _cues(self, text: str, response: str) -> _Cues:
+        text = _blank(text, NEUTRAL)
+        strong = any(p.search(text) for p in STRONG)
+        approvals = [m for p in APPROVAL for m in p.finditer(text)]
+        # "not perfect", "isn't helpful": a negated approval is a complaint
+        kept = [m for m in approvals if not _negated(text, m.start())]
+        strong = strong or len(kept) < len(approvals)
+        weak = any(p.search(text) for p in WEAK) or (
+            bool(_NO_LEAD.search(text)) and not _ends_with_question(response))
+        first = min((m.start() for m in kept), default=None)
+        reservation = first is not None and bool(_RESERVATION.search(text, first))
+        return _Cues(strong, weak, any(p.search(text) for p in HOLD), bool(kept), reservation)
