@@ -26,13 +26,13 @@ from clawd.engines.runner import EngineRunner
 from clawd.errors import ConfigError
 from clawd.judge import LLMJudge, completer_for
 from clawd.miner import Miner
+from clawd.modelfile import why_untrainable
 from clawd.paths import Paths
 from clawd.reload import ConfigWatcher
 from clawd.scheduler import Scheduler
 from clawd.store.db import Database
 from clawd.templates import choose_format
 from clawd.token import ensure_token
-from clawd.training import why_untrainable
 
 log = logging.getLogger(__name__)
 
