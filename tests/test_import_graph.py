@@ -123,7 +123,8 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
-def reachable(graph: dict[str, set[str]], start: Iterable[str], *, skip: set[tuple[str, str]] = frozenset()) -> dict[str, str]:
+def reachable(graph: dict[str, set[str]], start: Iterable[str], *,
+              skip: set[tuple[str, str]] = frozenset()) -> dict[str, str]:
     """Every module reachable from `start` -> the module that imports it on one path there
     (to name the chain in a failure). `skip` holds (importer, imported-prefix) edges to ignore."""
     via: dict[str, str] = {}
