@@ -347,9 +347,7 @@ def cmd_models(args) -> int:
 
     settings, paths = _setup(args)
     if getattr(args, "models_action", None):  # list / add / use / pull / remove: clawd/model_registry.py
-        from clawd import model_registry
-
-        return model_registry.command(args, settings, paths, os.environ)
+        return _models_action(args, settings, paths, os.environ)
     choice = models.resolve_model(settings.model, paths, prepare=False)
     upstream = settings.model.engine == "openai"
     is_dir = not upstream and choice.path.is_dir()  # an MLX/HF model directory (mlx engine)
@@ -382,23 +380,55 @@ def cmd_models(args) -> int:
     return 0
 
 
+def _models_action(args, settings: Settings, paths: Paths, env) -> int:
+    """`clawd models ACTION ...`: the registry's work is in clawd/model_registry.py."""
+    from pathlib import Path
+
+    from clawd.model_registry import add_model, format_list, human_size, list_models, remove_model, use_model
+
+    action = args.models_action
+    if action == "list":
+        rows = list_models(paths, settings)
+        print(json.dumps(rows, indent=2) if getattr(args, "json", False) else format_list(rows, settings))
+        return 0
+    if action in ("add", "pull"):
+        if action == "add":
+            entry, how = add_model(paths, Path(args.src), name=args.as_name, copy=args.copy, echo=_err)
+        else:
+            from clawd.model_pull import pull_model  # the only code that talks to the hub
+
+            entry, how = pull_model(paths, args.repo, file=args.file, name=args.as_name, echo=_err)
+        print(f"clawd: {how} {entry.name} ({entry.kind}, {entry.architecture or 'unknown architecture'}, "
+              f"{human_size(entry.size_bytes)}) at {entry.path}")
+        print(f"clawd: serve it with `clawd models use {entry.name}`")
+        return 0
+    if action == "use":
+        for line in use_model(paths, settings, args.model_name, env):
+            print(line)
+        return 0
+    if action == "remove":
+        remove_model(paths, settings, args.model_name, echo=print)
+        return 0
+    raise ClawdError(f"unknown models action {action!r}: list, add, use, pull or remove")
+
+
+def _err(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
 def _gguf_summary(path) -> dict:
     """Read the header only (gguf package, memory-mapped): no model load."""
-    try:
-        from gguf import GGUFReader
+    from clawd.modelfile import gguf_value, open_gguf
 
-        reader = GGUFReader(path)
-    except Exception as e:  # any parse failure means: not a usable GGUF
+    try:
+        reader = open_gguf(path)
+    except (OSError, ValueError) as e:  # any parse failure means: not a usable GGUF
         return {"error": f"not a readable GGUF file ({e})"}
 
-    def value(key):
-        field = reader.fields.get(key)
-        return field.contents() if field is not None else None
-
-    arch = value("general.architecture")
+    arch = gguf_value(reader, "general.architecture")
     return {"architecture": arch,
-            "context_length": value(f"{arch}.context_length"),
-            "chat_template": "yes" if value("tokenizer.chat_template") else "none (transcript format)"}
+            "context_length": gguf_value(reader, f"{arch}.context_length"),
+            "chat_template": "yes" if gguf_value(reader, "tokenizer.chat_template") else "none (transcript format)"}
 
 
 def cmd_export(args) -> int:

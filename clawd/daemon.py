@@ -28,13 +28,13 @@ from clawd.errors import ConfigError
 from clawd.judge import LLMJudge
 from clawd.judge_completers import completer_for
 from clawd.miner import Miner
+from clawd.modelfile import why_untrainable
 from clawd.paths import Paths
 from clawd.reload import ConfigWatcher
 from clawd.scheduler import Scheduler
 from clawd.store.db import Database
 from clawd.templates import choose_format
 from clawd.token import ensure_token
-from clawd.training import why_untrainable
 
 log = logging.getLogger(__name__)
 

@@ -29,6 +29,7 @@ from urllib.parse import quote
 from clawd import service
 from clawd.config import Settings, load_settings
 from clawd.errors import ClawdError
+from clawd.modelfile import gguf_architecture
 from clawd.paths import Paths
 
 PACKAGES = ("clawd", "llama-cpp-python", "fastapi", "uvicorn", "numpy", "aiosqlite")
@@ -190,22 +191,6 @@ def check_config(paths: Paths, env: Mapping[str, str]) -> tuple[Check, Settings]
         return error("config", f"{e.message} (checks below use the defaults)"), Settings()
     where = paths.config_file if paths.config_file.exists() else f"{paths.config_file} (absent: defaults)"
     return ok("config", str(where)), settings
-
-
-def gguf_architecture(path: Path) -> str:
-    """general.architecture from the GGUF header; raises ValueError when unreadable."""
-    with path.open("rb") as f:
-        if f.read(4) != b"GGUF":
-            raise ValueError("bad magic: not a GGUF file")
-    from gguf import GGUFReader
-
-    try:
-        field = GGUFReader(path).fields.get("general.architecture")
-    except Exception as e:  # the reader raises many kinds on a damaged header
-        raise ValueError(str(e) or type(e).__name__) from e
-    if field is None:
-        raise ValueError("no general.architecture key")
-    return str(field.contents())
 
 
 ENGINE_LABEL = {"llamacpp": "llama.cpp", "mlx": "mlx", "openai": "upstream"}

@@ -13,7 +13,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path, PurePosixPath
 
 from clawd.errors import ClawdError
-from clawd.model_registry import MLX_PATTERNS, SHARD, ModelEntry, add_model, default_name, gguf_parts, human_size
+from clawd.model_registry import MLX_PATTERNS, ModelEntry, add_model, default_name, human_size
+from clawd.modelfile import SHARD, gguf_parts
 from clawd.paths import Paths
 
 

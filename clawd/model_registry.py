@@ -7,7 +7,8 @@ It validates a model by its header only (GGUF magic + general.architecture; an M
 config.json + *.safetensors) and never loads one. `use` writes the choice into config.toml's
 [model] table (clawd/config_edit.py keeps the rest of the file as it was); the daemon reads only
 config.toml, never this registry, and model.* needs a restart (clawd/reload.py). `pull`
-downloads through clawd/model_pull.py, then registers like `add`.
+(clawd/model_pull.py) downloads, then registers through `add_model`; cli.py dispatches the
+subcommands. Headers are read by clawd/modelfile.py.
 """
 
 from __future__ import annotations
@@ -25,12 +26,12 @@ from pathlib import Path
 from clawd.config import SPECS, Settings, env_var
 from clawd.config_edit import write_text_atomic
 from clawd.errors import ClawdError
+from clawd.modelfile import SHARD, gguf_parts, gguf_value, open_gguf, read_model_config, reader_architecture
 from clawd.models import EMBEDDED_ID, EMBEDDED_SIZE, default_id, embedded_model_path, resolve_model
 from clawd.paths import Paths
 
 REGISTRY_VERSION = 1
 _NAME = re.compile(r"^[a-z0-9][a-z0-9._:-]*$")
-SHARD = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$", re.IGNORECASE)
 # What an MLX / HF model directory needs to serve and train: weights, configs, tokenizer.
 # Never *.py: clawd does not run a repo's remote code.
 MLX_PATTERNS = ["*.json", "*.safetensors", "*.model", "*.tiktoken", "*.txt", "*.jinja"]
@@ -77,22 +78,6 @@ def save_registry(paths: Paths, entries: Mapping[str, ModelEntry]) -> None:
 
 # ---- what a path holds -------------------------------------------------------------------
 
-def gguf_parts(path):
-    """All files of a split GGUF (`…-00001-of-00003.gguf`), or just `path`."""
-    m = SHARD.search(path.name)
-    if not m:
-        return [path]
-    stem = path.name[: m.start()]
-    return [path.with_name(f"{stem}-{i:05d}-of-{m.group(2)}.gguf") for i in range(1, int(m.group(2)) + 1)]
-
-
-def _gguf_type(path: Path) -> str | None:
-    from gguf import GGUFReader
-
-    field = GGUFReader(path).fields.get("general.type")
-    return str(field.contents()) if field is not None else None
-
-
 def inspect_model(path: Path) -> tuple[str, str | None, int]:
     """(kind, architecture, size in bytes) of a model path, from headers only.
 
@@ -109,16 +94,15 @@ def inspect_model(path: Path) -> tuple[str, str | None, int]:
             raise ClawdError(f"{path} is a directory without config.json and *.safetensors, so not an MLX/HF "
                              f"model directory: {hint}")
         try:
-            arch = json.loads(config.read_text(encoding="utf-8")).get("model_type")
+            arch = read_model_config(path).get("model_type")
         except (OSError, ValueError, AttributeError) as e:
             raise ClawdError(f"{config} is not readable JSON ({e}): re-download the model") from e
         size = sum(p.stat().st_size for p in path.rglob("*") if p.is_file() and ".cache" not in p.parts)
         return "mlx", (str(arch) if arch else None), size
-    from clawd.doctor import gguf_architecture  # the same header check `clawd doctor` runs
-
     try:
-        arch = gguf_architecture(path)
-        kind = _gguf_type(path)
+        reader = open_gguf(path)  # the same header check `clawd doctor` runs, read once for both keys
+        arch = reader_architecture(reader)
+        kind = gguf_value(reader, "general.type")
     except (OSError, ValueError) as e:
         raise ClawdError(f"{path} is not a GGUF model ({e}): {hint}") from e
     if kind == "adapter":
@@ -345,37 +329,3 @@ def use_model(paths: Paths, settings: Settings, name: str, env: Mapping[str, str
             lines.append(f"note: {env_var(key)} is set in this environment and overrides config.toml")
     lines.append("clawd: " + restart_hint(env, platform))
     return lines
-
-
-# ---- the CLI's entry ------------------------------------------------------------------------
-
-def command(args, settings: Settings, paths: Paths, env: Mapping[str, str]) -> int:
-    """`clawd models ACTION ...`; arguments parsed by cli.py."""
-    action = args.models_action
-    if action == "list":
-        rows = list_models(paths, settings)
-        print(json.dumps(rows, indent=2) if getattr(args, "json", False) else format_list(rows, settings))
-        return 0
-    if action in ("add", "pull"):
-        if action == "add":
-            entry, how = add_model(paths, Path(args.src), name=args.as_name, copy=args.copy, echo=_err)
-        else:
-            from clawd.model_pull import pull_model  # the only code that talks to the hub
-
-            entry, how = pull_model(paths, args.repo, file=args.file, name=args.as_name, echo=_err)
-        print(f"clawd: {how} {entry.name} ({entry.kind}, {entry.architecture or 'unknown architecture'}, "
-              f"{human_size(entry.size_bytes)}) at {entry.path}")
-        print(f"clawd: serve it with `clawd models use {entry.name}`")
-        return 0
-    if action == "use":
-        for line in use_model(paths, settings, args.model_name, env):
-            print(line)
-        return 0
-    if action == "remove":
-        remove_model(paths, settings, args.model_name, echo=print)
-        return 0
-    raise ClawdError(f"unknown models action {action!r}: list, add, use, pull or remove")
-
-
-def _err(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)

@@ -322,7 +322,7 @@ def test_stale_weight_cache_temp_dirs_are_swept(tmp_path, tiny_gguf):
 def test_why_untrainable_reads_headers_only(tmp_path, tiny_gguf):
     """The daemon turns training off (with the reason) for a model the trainer cannot build,
     instead of starting a trainer that fails every run."""
-    from clawd.training import why_untrainable
+    from clawd.modelfile import why_untrainable
     from tests.tiny_models import build_tiny_gguf
 
     assert why_untrainable(tiny_gguf) is None  # llama

@@ -13,7 +13,6 @@ two prompt-cache slots, and adapters swapped in place (clawd/engines/mlx_lora.py
 
 from __future__ import annotations
 
-import json
 import logging
 import sys
 import tempfile
@@ -27,6 +26,7 @@ import numpy as np
 from clawd.engines import base
 from clawd.engines.sampling import log_softmax_at, make_rng, sample
 from clawd.errors import AdapterError, ContextLengthExceeded, EngineError, ModelLoadError, Preempted
+from clawd.modelfile import ARCH_BY_MODEL_TYPE, read_model_config
 
 log = logging.getLogger(__name__)
 
@@ -372,17 +372,16 @@ def _load_dir(path: Path):
     from mlx_lm.utils import load, load_tokenizer
 
     from clawd.engines.mlx_vocab import HFVocab
-    from clawd.training.weights import MODEL_TYPES, load_model
+    from clawd.training.weights import load_model
 
     try:
-        config = json.loads((path / "config.json").read_text())
+        config = read_model_config(path)
     except (OSError, ValueError) as e:
         raise ModelLoadError(f"{path} is not an MLX/HF model directory (no readable config.json: {e}); "
                              "point model.path at one, or at a GGUF file") from e
     model_type = config.get("model_type")
-    trainable = {v: k for k, v in MODEL_TYPES.items()}
     try:
-        if model_type in trainable:
+        if model_type in ARCH_BY_MODEL_TYPE:
             model = load_model(path).model
             wrapper = load_tokenizer(path, eos_token_ids=config.get("eos_token_id"))
         else:
@@ -395,4 +394,4 @@ def _load_dir(path: Path):
         raise ModelLoadError(f"mlx-lm cannot load {path}: {e}") from e
     n_ctx_train = int(config.get("max_position_embeddings") or 0)
     vocab = HFVocab(wrapper, config, int(model.args.vocab_size))
-    return model, vocab, trainable.get(model_type, model_type), n_ctx_train
+    return model, vocab, ARCH_BY_MODEL_TYPE.get(model_type, model_type), n_ctx_train

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from clawd.errors import AdapterError
+from clawd.modelfile import open_gguf
 
 if TYPE_CHECKING:
     from clawd.training.weights import LoadedModel
@@ -182,12 +183,7 @@ def _str_field(reader, key: str) -> str | None:
 
 def _open_gguf(path: Path):
     """GGUFReader, with every tensor's data inside the file (a truncated file fails here)."""
-    import gguf
-
-    with open(path, "rb") as f:
-        if f.read(4) != b"GGUF":
-            raise ValueError("not a GGUF file (bad magic)")
-    reader = gguf.GGUFReader(str(path))
+    reader = open_gguf(path)
     size = path.stat().st_size
     for t in reader.tensors:
         if t.data_offset + t.n_bytes > size or t.data.nbytes != t.n_bytes:

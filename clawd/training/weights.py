@@ -31,7 +31,7 @@ from mlx_lm.models import gemma3_text
 from mlx_lm.models.base import create_attention_mask
 
 from clawd.errors import ModelLoadError
-from clawd.training import MODEL_TYPES
+from clawd.modelfile import ARCH_BY_MODEL_TYPE, MODEL_TYPES, open_gguf, read_model_config
 
 CACHE_VERSION = 1  # bump when the cached weights' meaning changes
 
@@ -306,11 +306,9 @@ def _read_gguf(path: Path, cache_dir: Path | None) -> tuple[str, dict, dict[str,
         except (OSError, ValueError, KeyError, RuntimeError):
             shutil.rmtree(entry, ignore_errors=True)  # damaged cache: rebuild it
 
-    import gguf
-
     try:
-        reader = gguf.GGUFReader(str(path))
-    except Exception as e:
+        reader = open_gguf(path)
+    except (OSError, ValueError) as e:
         raise ModelLoadError(f"cannot read {path} as GGUF ({e}): the file is corrupt or truncated; "
                              "re-download it") from e
     meta = _fields(reader)
@@ -426,8 +424,8 @@ def _load_dir(path: Path) -> LoadedModel:
     if not (path / "config.json").is_file() or not any(path.glob("*.safetensors")):
         raise ModelLoadError(f"{path} is not an MLX/HF model directory (config.json + *.safetensors); "
                              "point at one, or at a GGUF file")
-    model_type = json.loads((path / "config.json").read_text()).get("model_type")
-    arch = {v: k for k, v in MODEL_TYPES.items()}.get(model_type)
+    model_type = read_model_config(path).get("model_type")
+    arch = ARCH_BY_MODEL_TYPE.get(model_type)
     if arch is None:
         raise ModelLoadError(f"{path}: model_type {model_type!r} cannot be trained "
                              f"(supported: {', '.join(MODEL_TYPES.values())})")
