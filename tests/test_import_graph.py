@@ -23,14 +23,8 @@ import ast
 from collections.abc import Iterable
 from pathlib import Path
 
-import pytest
 
 from tests.conftest import ROOT
-
-# Cycles that run through another renovation slice's files and are removed there; each entry is
-# the exact set of modules of one strongly connected component. Empty this list as they go.
-KNOWN_CYCLES: list[frozenset[str]] = []
-
 
 def module_files(root: Path, packages: Iterable[str]) -> dict[str, Path]:
     """Dotted module name -> source file, for every .py file under root/<package>."""
@@ -177,15 +171,9 @@ def test_the_walker_reports_a_cycle(tmp_path):
 
 
 def test_clawd_has_no_import_cycle():
-    found = [c for c in cycles(GRAPH) if frozenset(c) not in KNOWN_CYCLES]
+    found = cycles(GRAPH)
     assert not found, "import cycles (each: modules that import each other, directly or not):\n" + "\n".join(
         " <-> ".join(c) for c in found)
-
-
-def test_known_cycles_are_still_cycles():
-    # An allow-list entry that no longer matches a cycle must go, so the list only ever shrinks.
-    current = {frozenset(c) for c in cycles(GRAPH)}
-    assert [sorted(c) for c in KNOWN_CYCLES if c not in current] == []
 
 
 # ---- contracts (DESIGN.md), transitively ---------------------------------------------------------
@@ -213,7 +201,6 @@ def test_modelfile_is_the_ground_floor():
     assert {m for m in GRAPH["clawd.modelfile"] if m.startswith("clawd")} <= {"clawd.errors"}
 
 
-@pytest.mark.xfail(strict=False, reason="trainer child boundary: coordinator's slice")
 def test_trainer_child_does_not_reach_the_daemon():
     # The trainer child process only trains; storage, chat and mining stay in the daemon.
     via = reachable(GRAPH, ["clawd.training.run"])
