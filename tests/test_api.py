@@ -513,7 +513,7 @@ def test_client_disconnect_cancels_generation(slow_fake_daemon):
     assert elapsed < 0.02 * full_reply_tokens / 2, "the cancelled generation kept the engine busy"
 
 
-def test_client_disconnect_cancels_a_non_streaming_turn(slow_fake_daemon):
+def test_client_disconnect_cancels_a_non_streaming_turn(slow_fake_daemon, monkeypatch):
     """uvicorn does not cancel a plain handler when its client goes; the daemon must notice
     on its own and stop generating, so the turn ends 'cancelled' (not trainable) rather
     than running to the end for nobody."""
@@ -521,12 +521,24 @@ def test_client_disconnect_cancels_a_non_streaming_turn(slow_fake_daemon):
     msg = "".join(chr(ord("a") + i % 26) for i in range(200))
     full_reply_tokens = len(f"You said: {msg}") + 1  # ~4.2 s at 20 ms a token
     payload = json.dumps(body(user(msg))).encode()
+    # The engine says when a few tokens are out: the hang-up below is mid-generation however
+    # slow the machine, rather than after a guessed sleep.
+    engine, a_few_tokens_in = d.state.chat.runner.engine, threading.Event()
+    real_generate = engine.generate
+
+    def counting_generate(*args, **kw):
+        for n, tok in enumerate(real_generate(*args, **kw), 1):
+            if n == 3:
+                a_few_tokens_in.set()
+            yield tok
+
+    monkeypatch.setattr(engine, "generate", counting_generate)
     host, port = d.url.removeprefix("http://").split(":")
     with socket.create_connection((host, int(port)), timeout=10) as sock:
         sock.sendall(b"POST " + CHAT.encode() + b" HTTP/1.1\r\nHost: " + host.encode()
                      + b"\r\nContent-Type: application/json\r\nContent-Length: "
                      + str(len(payload)).encode() + b"\r\n\r\n" + payload)
-        time.sleep(0.2)  # a few tokens in, then hang up without reading the reply
+        assert a_few_tokens_in.wait(15), "generation never started"  # then hang up without reading the reply
     t_gone = time.perf_counter()
     deadline = time.time() + 15
     rows: list[turns.TurnRecord] = []

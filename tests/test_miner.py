@@ -755,7 +755,8 @@ def test_unreachable_endpoint_judge_keeps_turns_pending_until_it_returns(clawd_h
         assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == "You said: still there?"
 
         stub = StubOpenAI(port, "The user moved on to a new request. \\boxed{1}")
-        time.sleep(1.1)
+        retry_at = stored_signal(d, undecided).retry_at
+        wait_for(lambda: time.time() >= retry_at, what="the back-off to pass")
         mine(d)
         s = api_signal(http, d, undecided)
         assert (s["status"], s["reward"], s["reward_source"], s["votes"]) == ("ready", 1, "openai", [1, 1, 1])
@@ -791,7 +792,8 @@ def test_missing_gguf_judge_is_reported_and_retried(clawd_home, http, tmp_path):
         # The model file appears (a tiny random model: its votes are unparseable, so 0).
         build_tiny_gguf(tmp_path / "build.gguf", n_ctx_train=4096)
         shutil.move(tmp_path / "build.gguf", judge_path)
-        time.sleep(1.1)
+        retry_at = stored_signal(d, undecided).retry_at
+        wait_for(lambda: time.time() >= retry_at, what="the back-off to pass")
         mine(d)
         s = api_signal(http, d, undecided)
         assert (s["status"], s["reward"], s["reward_source"]) == ("empty", 0, "gguf")

@@ -156,7 +156,7 @@ def test_user_generation_is_never_preempted():
                 return [t.id async for t in runner.generate(prompt, SamplingParams(temperature=0), adapter=None,
                                                               cancel=threading.Event())]
             first = asyncio.create_task(stream())
-            await asyncio.sleep(0.02)
+            await until(lambda: runner.busy)  # the first is streaming when the second arrives
             second = asyncio.create_task(stream())
             a, b = await asyncio.gather(first, second)
             expected = [*b"You said: hello there", 257]

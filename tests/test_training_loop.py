@@ -11,6 +11,7 @@ import os
 import random
 import signal
 import shutil
+import threading
 import time
 from pathlib import Path
 
@@ -97,7 +98,13 @@ def served_logprobs(d, adapter: str = "active") -> np.ndarray:
 LOOP_BASES = {"gguf": {"adapter.gguf"}, "gguf-mlx": {"adapter.gguf"}, "dir": set(), "dir-q4": set()}
 
 
-@pytest.mark.parametrize("train_base", list(LOOP_BASES))
+# The fast loop keeps one base per serving engine (llama.cpp: "gguf"; mlx: "dir-q4", the cheapest);
+# the other two bases repeat the same run, so they are `slow`.
+LOOP_FAST = {"gguf", "dir-q4"}
+
+
+@pytest.mark.parametrize("train_base", [b if b in LOOP_FAST else pytest.param(b, marks=pytest.mark.slow)
+                                        for b in LOOP_BASES])
 def test_train_promote_serve_and_rollback(train_daemon, train_base):
     d = train_daemon
     engine = d.state.model.runner.engine
@@ -159,7 +166,8 @@ def test_train_promote_serve_and_rollback(train_daemon, train_base):
     assert r.status_code == 400 and "nothing to train on" in r.json()["error"]["message"]
 
 
-@pytest.mark.parametrize("phase", ["prepare", "train", "gate"])
+# "gate" runs the whole training first; the early phases are the cheap ones kept in the fast loop.
+@pytest.mark.parametrize("phase", ["prepare", "train", pytest.param("gate", marks=pytest.mark.slow)])
 def test_sigkill_trainer_leaves_no_adapter_and_active_unchanged(train_daemon, phase):
     d = train_daemon
     make_ready_signals(d, 4)
@@ -194,6 +202,7 @@ def test_sigkill_trainer_leaves_no_adapter_and_active_unchanged(train_daemon, ph
     assert {r.id for r in d.run(adapter_rows.list_all(d.state.db))} == {p.name for p in finished}
 
 
+@pytest.mark.slow
 def test_stop_at_checkpoint_then_resume(train_daemon):
     d = train_daemon
     make_ready_signals(d, 4)
@@ -213,6 +222,7 @@ def test_stop_at_checkpoint_then_resume(train_daemon):
     assert stopped_at >= 1
 
 
+@pytest.mark.slow
 def test_corrupt_or_mismatched_adapter_is_refused_and_active_kept(train_daemon, tmp_path):
     from tests.tiny_models import build_tiny_gguf, build_tiny_lora
 
@@ -260,6 +270,7 @@ def copy_adapter(d, src: Path, new_id: str) -> Path:
     return dst
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("train_base", ["dir-q4"])
 def test_a_mismatched_adapter_on_a_dir_base_is_refused_naming_each_problem(train_daemon):
     """On an MLX directory base the registry checks the mlx-lm files against the base's own
@@ -322,6 +333,7 @@ def test_a_mismatched_adapter_on_a_dir_base_is_refused_naming_each_problem(train
     assert d.run(adapter_rows.get(d.state.db, "ad-two")).status == "rejected"
 
 
+@pytest.mark.slow
 def test_forgetting_a_session_retires_its_adapters(train_daemon):
     d = train_daemon
     ids = make_ready_signals(d, 2)
@@ -340,16 +352,55 @@ def test_forgetting_a_session_retires_its_adapters(train_daemon):
     assert r.status_code == 400 and "forgotten" in r.json()["error"]["message"]
 
 
-def test_trainer_pauses_while_the_user_is_served(train_daemon):
+def proc_state(pid: int) -> str:
+    """The process state letter from /proc ("T" = stopped), or "gone" once it has exited."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[1].split()[0]
+    except FileNotFoundError:
+        return "gone"
+
+
+def until(pred, timeout: float = 30, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.01)
+
+
+def test_trainer_pauses_while_the_user_is_served(train_daemon, monkeypatch):
     d = train_daemon
+    engine = d.state.chat.runner.engine
     make_ready_signals(d, 4)
     d.state.scheduler.resume_quiet_s = 1.0
     training(d, "POST")
     wait_for(d, lambda s: s["phase"] in ("prepare", "train"))
     proc = d.state.scheduler._proc
-    chat(d, "are you there?")
-    state = Path(f"/proc/{proc.pid}/stat").read_text().split(")")[1].split()[0]
-    assert state == "T" and training(d)["state"] == "paused"  # stopped while we were served
+    # The user's turn is held inside the engine until the test has looked, so "while served"
+    # lasts as long as the checks take: no race with the 1 s quiet timer on a loaded machine.
+    serving, release, reply = threading.Event(), threading.Event(), {}
+    real_generate = engine.generate
+
+    def held_generate(*args, **kw):
+        serving.set()
+        assert release.wait(120)
+        yield from real_generate(*args, **kw)
+
+    def user() -> None:
+        reply["out"] = chat(d, "are you there?")
+
+    monkeypatch.setattr(engine, "generate", held_generate)
+    asking = threading.Thread(target=user, daemon=True)
+    asking.start()
+    try:
+        assert serving.wait(60), "the user's turn never reached the engine"
+        until(lambda: proc_state(proc.pid) == "T", what="the trainer to stop")  # stopped while we are served
+        assert training(d)["state"] == "paused"
+    finally:
+        release.set()
+        asking.join(60)
+    monkeypatch.undo()
+    assert reply.get("out", {}).get("id"), "the user's turn failed"
     st = wait_for(d, lambda s: s["state"] != "paused", timeout=30)
     assert st["state"] in ("running", "idle")
     assert wait_run(d)["result"]["promoted"]
@@ -394,11 +445,10 @@ def activate_ignoring_the_kill(url: str, adapter_id: str) -> None:
         pass  # the daemon was killed under the request: that is the point
 
 
+@pytest.mark.slow
 def test_daemon_killed_during_promotion_restarts_on_old_or_new(clawd_home, tiny_gguf):
     """SIGKILL `clawd serve` at random moments of an activation: on restart exactly one of the
     two adapters is active, and llama.cpp serves that adapter's log-probs (verified live)."""
-    import threading
-
     from clawd.engines.llamacpp import Engine
 
     # Two adapters, trained in-process for the model id `clawd serve` will give this file.

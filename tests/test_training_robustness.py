@@ -18,6 +18,9 @@ from clawd.errors import Busy
 from clawd.store import adapters as adapter_rows
 from tests.test_training_loop import make_ready_signals, training, wait_for, wait_run
 
+# Every test here trains (or stops) a real run to the end: minutes in all, so they are `slow`.
+pytestmark = pytest.mark.slow
+
 
 def test_two_starts_at_once_make_one_run(train_daemon):
     d = train_daemon
