@@ -21,7 +21,7 @@ chat: $(STAMP)  ## open the TUI (offers to start the daemon if it is not running
 test: $(STAMP)  ## every test, the real-model (slow) ones included, as CI runs them
 	$(PY) -m pytest -m "slow or not slow"
 
-test-fast: $(STAMP)  ## the quick loop: everything but the real-model tests
+test-fast: $(STAMP)  ## the quick loop: everything but the real-model tests and repeated training runs
 	$(PY) -m pytest
 
 demo: $(STAMP)  ## teach the embedded model one correction, show the change, roll it back

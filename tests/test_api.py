@@ -523,7 +523,7 @@ def test_client_disconnect_cancels_a_non_streaming_turn(slow_fake_daemon, monkey
     payload = json.dumps(body(user(msg))).encode()
     # The engine says when a few tokens are out: the hang-up below is mid-generation however
     # slow the machine, rather than after a guessed sleep.
-    engine, a_few_tokens_in = d.state.chat.runner.engine, threading.Event()
+    engine, a_few_tokens_in = d.state.model.runner.engine, threading.Event()
     real_generate = engine.generate
 
     def counting_generate(*args, **kw):

@@ -370,7 +370,7 @@ def until(pred, timeout: float = 30, what: str = "condition") -> None:
 
 def test_trainer_pauses_while_the_user_is_served(train_daemon, monkeypatch):
     d = train_daemon
-    engine = d.state.chat.runner.engine
+    engine = d.state.model.runner.engine
     make_ready_signals(d, 4)
     d.state.scheduler.resume_quiet_s = 1.0
     training(d, "POST")
