@@ -35,7 +35,6 @@ from __future__ import annotations
 import argparse
 import functools
 import json
-import os
 import platform
 import resource
 import shutil
@@ -154,8 +153,9 @@ def _response_logprobs(loss_module, *, checkpoint: bool):
 
 
 def _versions(choice) -> dict:
-    import mlx.core as mx
     from importlib.metadata import version
+
+    import mlx.core as mx
 
     from clawd.training.blas import matmul_gflops
 

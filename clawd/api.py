@@ -24,18 +24,30 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from clawd import __version__
-from clawd.chat import ChatService, TurnStream
-from clawd.served import ServedModel
-from clawd.errors import AuthError, ClawdError, InvalidRequest, ModelNotFound, NotFound
-from clawd.protocol import (ActiveAdapter, AdapterList, AdapterView, ChatCompletionRequest, ModelCard, ModelList,
-                            ScoreRequest, SessionSummary, SignalView, Status, TrainingHistory, TrainingStart,
-                            TrainingView, TurnSummary)
-from clawd import feedback, review, sessions
+from clawd import __version__, feedback, review, sessions
 from clawd.adapters import Registry
+from clawd.chat import ChatService, TurnStream
+from clawd.errors import AuthError, ClawdError, InvalidRequest, ModelNotFound, NotFound
 from clawd.miner import Miner
+from clawd.protocol import (
+    ActiveAdapter,
+    AdapterList,
+    AdapterView,
+    ChatCompletionRequest,
+    ModelCard,
+    ModelList,
+    ScoreRequest,
+    SessionSummary,
+    SignalView,
+    Status,
+    TrainingHistory,
+    TrainingStart,
+    TrainingView,
+    TurnSummary,
+)
 from clawd.reload import ReloadState
 from clawd.scheduler import Scheduler
+from clawd.served import ServedModel
 from clawd.store import adapters as adapter_rows
 from clawd.store import signals, turns
 from clawd.store.db import Database

@@ -20,7 +20,6 @@ import uvicorn
 from clawd.adapters import Registry
 from clawd.api import ApiState, create_app
 from clawd.chat import ChatService
-from clawd.served import ServedModel
 from clawd.config import Settings
 from clawd.engines.base import Engine
 from clawd.engines.runner import EngineRunner
@@ -32,6 +31,7 @@ from clawd.modelfile import why_untrainable
 from clawd.paths import Paths
 from clawd.reload import ConfigWatcher
 from clawd.scheduler import Scheduler
+from clawd.served import ServedModel
 from clawd.store.db import Database
 from clawd.templates import choose_format
 from clawd.token import ensure_token

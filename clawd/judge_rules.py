@@ -12,7 +12,6 @@ from dataclasses import dataclass
 
 from clawd.judge import MIN_HINT_CHARS, JudgeInput, Verdict, _last_user_index, _message_text
 
-
 # Tables, not logic: each entry is one regex over the normalised (lower-case, straight
 # apostrophes) text. Precedence: STRONG corrections beat approval ("thanks, but that's
 # wrong" is -1); WEAK corrections lose to approval ("no, that's perfect" is +1); HOLD cues

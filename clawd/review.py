@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import logging
 
-from clawd.served import ServedModel
 from clawd.engines.base import SamplingParams
 from clawd.errors import Busy, Preempted
 from clawd.miner import last_user_text
 from clawd.protocol import Message
+from clawd.served import ServedModel
 from clawd.store import adapters as adapter_rows
 from clawd.store import signals, turns
 from clawd.store.db import Database

@@ -26,15 +26,15 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from pathlib import Path
 
+from clawd import jobs
 from clawd.adapters import Registry
 from clawd.config import TrainingSettings
 from clawd.errors import AdapterError, Busy, ClawdError, InvalidRequest
 from clawd.paths import Paths
+from clawd.served import ServedModel
 from clawd.store import adapters as adapter_rows
 from clawd.store import signals
 from clawd.store.db import Database
-from clawd import jobs
-from clawd.served import ServedModel
 from clawd.training.data import STOPPED, read_job, write_job
 
 log = logging.getLogger(__name__)
@@ -370,7 +370,7 @@ class Scheduler:
         _signal(proc, signal.SIGTERM)
         try:
             await asyncio.wait_for(proc.wait(), timeout_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             _signal(proc, signal.SIGKILL)  # the job dir keeps its last checkpoint (or starts over)
             await proc.wait()
 

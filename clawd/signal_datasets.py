@@ -34,8 +34,8 @@ from typing import IO, Any
 import numpy as np
 
 from clawd.errors import ClawdError
-from clawd.served import teacher_messages
 from clawd.protocol import Message
+from clawd.served import teacher_messages
 from clawd.store import signals, turns
 from clawd.store.migrations import latest_id
 

@@ -155,7 +155,7 @@ def test_default_config_parses_back_to_defaults_and_has_every_help(cfg):
     assert write_default_config(cfg) is True
     text = cfg.read_text()
     assert load_settings(cfg, {}) == Settings()
-    for key, default, help_text in describe_settings():
+    for key, _default, _help in describe_settings():
         name = key.rpartition(".")[2]
         assert f"# {name} = " in text
         assert env_var(key) in text

@@ -23,8 +23,8 @@ import ast
 from collections.abc import Iterable
 from pathlib import Path
 
-
 from tests.conftest import ROOT
+
 
 def module_files(root: Path, packages: Iterable[str]) -> dict[str, Path]:
     """Dotted module name -> source file, for every .py file under root/<package>."""

@@ -210,6 +210,6 @@ def test_no_correction_from_a_tool_error():
 
 
 def test_corrections_are_long_enough_to_be_hints():
-    for next_state, expected in CORRECTIONS:
+    for _next_state, expected in CORRECTIONS:
         if expected is not None:
             assert len(expected.strip()) > MIN_HINT_CHARS

@@ -27,8 +27,8 @@ from clawd.engines.fake import Engine as FakeEngine
 from clawd.engines.runner import EngineRunner
 from clawd.errors import ContextLengthExceeded, EngineError
 from clawd.miner import MAX_ATTEMPTS, Miner, overlap
-from clawd.served import HINT_MARKER, ServedModel
 from clawd.protocol import Message
+from clawd.served import HINT_MARKER, ServedModel
 from clawd.store import signals, turns
 from clawd.store.db import Database
 from clawd.templates import TranscriptFormat

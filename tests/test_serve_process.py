@@ -127,7 +127,7 @@ def _check_store_after_kill(home, done: list[str]) -> None:
         _, n_ids, n_lps, _ = rows[turn_id]
         assert n_ids == n_lps and n_ids > 0  # 4 bytes per token in both arrays
     # Whatever else is there is whole: a row exists only once its turn ended.
-    for turn_id, (_, n_ids, n_lps, finish) in rows.items():
+    for _, n_ids, n_lps, finish in rows.values():
         assert n_ids == n_lps and finish in ("stop", "length", "cancelled")
 
 

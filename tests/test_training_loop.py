@@ -9,8 +9,8 @@ from __future__ import annotations
 import json
 import os
 import random
-import signal
 import shutil
+import signal
 import threading
 import time
 from pathlib import Path
@@ -22,7 +22,6 @@ import pytest
 from clawd.store import adapters as adapter_rows
 from clawd.store import signals
 from tests.conftest import TRAIN_ENV, ServeProcess, start_daemon
-
 
 
 def chat(d, text: str, seed: int = 0) -> dict:

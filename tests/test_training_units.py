@@ -16,10 +16,10 @@ import pytest
 
 from clawd.adapters import live_check
 from clawd.errors import InvalidRequest
+from clawd.jobs import fit, is_holdout
 from clawd.scheduler import in_window
 from clawd.store import adapters as rows
 from clawd.store.db import Database
-from clawd.jobs import fit, is_holdout
 
 
 @pytest.mark.parametrize("window,hhmm,inside", [

@@ -14,8 +14,8 @@ Only `numpy` and `gguf` are needed; nothing here imports pytest or llama_cpp.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Iterable, Mapping
 
 import numpy as np
 

@@ -191,5 +191,5 @@ class Engine(abc.ABC):
     def loaded_adapters(self) -> list[str]:
         """Returns: ids of the adapters currently loaded."""
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - optional: engines holding nothing need no close
         """Free the model. The engine is unusable afterwards."""

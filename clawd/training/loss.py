@@ -143,7 +143,9 @@ def response_logprobs(lm, input_ids: mx.array, n_prompt: int, ids: mx.array, *, 
         raise ValueError(f"ids has {ids.shape[0]} rows for {h.shape[0]} response tokens")
     parts = []
     for s in range(0, h.shape[0], chunk):
-        fn = lambda hc, ic=ids[s:s + chunk]: _chunk_logprobs(lm, hc, ic)  # ids: constants, no VJP
+        def fn(hc, ic=ids[s:s + chunk]):  # ids: constants, no VJP
+            return _chunk_logprobs(lm, hc, ic)
+
         parts.append((mx.checkpoint(fn) if checkpoint else fn)(h[s:s + chunk]))
     return mx.concatenate(parts, axis=0)
 
