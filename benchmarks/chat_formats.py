@@ -47,12 +47,63 @@ from clawd.templates import TRANSCRIPT_PREAMBLE, TranscriptFormat  # noqa: E402
 
 # ---- prompt set ---------------------------------------------------------------------------
 
-FRUITS = ["apple", "apples", "banana", "bananas", "orange", "oranges", "pear", "pears", "grape", "grapes",
-          "mango", "mangoes", "mangos", "cherry", "cherries", "strawberry", "strawberries", "lemon",
-          "lemons", "peach", "peaches", "plum", "plums", "kiwi", "pineapple", "watermelon", "melon",
-          "lime", "blueberry", "blueberries", "raspberry", "raspberries", "apricot", "papaya", "coconut"]
-COLORS = ["red", "blue", "green", "yellow", "orange", "purple", "pink", "black", "white",
-          "brown", "gray", "grey", "violet", "indigo", "cyan", "magenta", "gold", "silver"]
+FRUITS = [
+    "apple",
+    "apples",
+    "banana",
+    "bananas",
+    "orange",
+    "oranges",
+    "pear",
+    "pears",
+    "grape",
+    "grapes",
+    "mango",
+    "mangoes",
+    "mangos",
+    "cherry",
+    "cherries",
+    "strawberry",
+    "strawberries",
+    "lemon",
+    "lemons",
+    "peach",
+    "peaches",
+    "plum",
+    "plums",
+    "kiwi",
+    "pineapple",
+    "watermelon",
+    "melon",
+    "lime",
+    "blueberry",
+    "blueberries",
+    "raspberry",
+    "raspberries",
+    "apricot",
+    "papaya",
+    "coconut",
+]
+COLORS = [
+    "red",
+    "blue",
+    "green",
+    "yellow",
+    "orange",
+    "purple",
+    "pink",
+    "black",
+    "white",
+    "brown",
+    "gray",
+    "grey",
+    "violet",
+    "indigo",
+    "cyan",
+    "magenta",
+    "gold",
+    "silver",
+]
 
 
 def num(n: int, word: str) -> str:
@@ -88,20 +139,28 @@ CASES = [
     Case("days-week", "fact", ("How many days are in a week?",), num(7, "seven")),
     Case("sky-color", "fact", ("What color is the sky on a clear day?",), r"\bblue\b"),
     Case("capital-japan", "fact", ("What is the capital of Japan?",), r"\btokyo\b"),
-    Case("freezing-point", "fact", ("At what temperature in degrees Celsius does water freeze?",),
-         num(0, "zero")),
+    Case("freezing-point", "fact", ("At what temperature in degrees Celsius does water freeze?",), num(0, "zero")),
     Case("spider-legs", "fact", ("How many legs does a spider have?",), num(8, "eight")),
     Case("hello-french", "instruction", ("Say hello in French.",), r"\bbonjour\b|\bsalut\b"),
     Case("three-colors", "instruction", ("Name three colors.",), any_of=tuple(COLORS), min_count=3),
     Case("thanks-spanish", "instruction", ("Translate 'thank you' to Spanish.",), r"\bgracias\b"),
     Case("opposite-hot", "instruction", ("What is the opposite of the word 'hot'?",), r"\bcold\b"),
-    Case("banana-unripe", "two-turn",
-         ("Name a fruit that is yellow.", "A banana.", "What color is it before it is ripe?"),
-         r"\bgreen\b"),
-    Case("berlin-language", "two-turn",
-         ("What is the capital of Germany?", "The capital of Germany is Berlin.",
-          "What language do people speak there?"),
-         r"\bgerman\b"),
+    Case(
+        "banana-unripe",
+        "two-turn",
+        ("Name a fruit that is yellow.", "A banana.", "What color is it before it is ripe?"),
+        r"\bgreen\b",
+    ),
+    Case(
+        "berlin-language",
+        "two-turn",
+        (
+            "What is the capital of Germany?",
+            "The capital of Germany is Berlin.",
+            "What language do people speak there?",
+        ),
+        r"\bgerman\b",
+    ),
 ]
 
 # A second, held-out set (--set heldout/all): written after the first results, to check that
@@ -125,32 +184,49 @@ HELDOUT = [
     Case("goodbye-spanish", "instruction", ("Say goodbye in Spanish.",), r"\badi[oó]s\b|hasta luego"),
     Case("two-fruits", "instruction", ("Name two fruits.",), any_of=tuple(FRUITS), min_count=2),
     Case("cat-french", "instruction", ("Translate 'cat' to French.",), r"\bchat\b"),
-    Case("rhyme-cat", "instruction", ("Give me a word that rhymes with 'cat'.",),
-         r"\b(hat|bat|mat|rat|sat|fat|pat|vat|that|flat|chat|brat|spat|splat|gnat)\b"),
+    Case(
+        "rhyme-cat",
+        "instruction",
+        ("Give me a word that rhymes with 'cat'.",),
+        r"\b(hat|bat|mat|rat|sat|fat|pat|vat|that|flat|chat|brat|spat|splat|gnat)\b",
+    ),
     Case("five-digit", "instruction", ("Write the number five as a digit.",), num(5, "_no_word_")),
-    Case("spain-language", "two-turn",
-         ("What is the capital of Spain?", "Madrid.", "What language do people speak there?"), r"\bspanish\b"),
-    Case("dog-legs", "two-turn",
-         ("Name an animal that barks.", "A dog.", "How many legs does it have?"), num(4, "four")),
-    Case("red-planet", "two-turn",
-         ("Which planet is known as the Red Planet?", "Mars.", "Is it bigger or smaller than Earth?"),
-         r"\bsmaller\b"),
-    Case("japan-food", "two-turn",
-         ("Which country is famous for sushi?", "Japan.", "What is the capital of that country?"),
-         r"\btokyo\b"),
+    Case(
+        "spain-language",
+        "two-turn",
+        ("What is the capital of Spain?", "Madrid.", "What language do people speak there?"),
+        r"\bspanish\b",
+    ),
+    Case(
+        "dog-legs", "two-turn", ("Name an animal that barks.", "A dog.", "How many legs does it have?"), num(4, "four")
+    ),
+    Case(
+        "red-planet",
+        "two-turn",
+        ("Which planet is known as the Red Planet?", "Mars.", "Is it bigger or smaller than Earth?"),
+        r"\bsmaller\b",
+    ),
+    Case(
+        "japan-food",
+        "two-turn",
+        ("Which country is famous for sushi?", "Japan.", "What is the capital of that country?"),
+        r"\btokyo\b",
+    ),
 ]
 SETS = {"dev": CASES, "heldout": HELDOUT, "all": CASES + HELDOUT}
 
 # ---- candidate formats ----------------------------------------------------------------------
 
-SHORT_PREAMBLE = ("The following is a conversation between a helpful assistant and a user. "
-                  "The assistant answers each question correctly in one short sentence.")
-FEWSHOT_1 = [("user", "What is the capital of Italy?"),
-             ("assistant", "The capital of Italy is Rome.")]
-FEWSHOT_1B = [("user", "Who was the first president of the United States?"),
-              ("assistant", "George Washington was the first president of the United States.")]
-FEWSHOT_2 = FEWSHOT_1 + [("user", "Name two animals."),
-                         ("assistant", "Two animals are the dog and the cat.")]
+SHORT_PREAMBLE = (
+    "The following is a conversation between a helpful assistant and a user. "
+    "The assistant answers each question correctly in one short sentence."
+)
+FEWSHOT_1 = [("user", "What is the capital of Italy?"), ("assistant", "The capital of Italy is Rome.")]
+FEWSHOT_1B = [
+    ("user", "Who was the first president of the United States?"),
+    ("assistant", "George Washington was the first president of the United States."),
+]
+FEWSHOT_2 = FEWSHOT_1 + [("user", "Name two animals."), ("assistant", "Two animals are the dog and the cat.")]
 
 
 @dataclass(frozen=True)
@@ -173,47 +249,112 @@ class Format:
         return out + self.cue
 
     def spec(self) -> dict:
-        return {"key": self.key, "name": self.name, "description": self.description,
-                "preamble": self.preamble, "user_turn": self.user, "assistant_turn": self.assistant,
-                "generation_cue": self.cue, "stops": list(self.stops),
-                "few_shot_examples": [list(e) for e in self.examples],
-                "example_render": self.render([("user", "What is the capital of France?")])}
+        return {
+            "key": self.key,
+            "name": self.name,
+            "description": self.description,
+            "preamble": self.preamble,
+            "user_turn": self.user,
+            "assistant_turn": self.assistant,
+            "generation_cue": self.cue,
+            "stops": list(self.stops),
+            "few_shot_examples": [list(e) for e in self.examples],
+            "example_render": self.render([("user", "What is the capital of France?")]),
+        }
 
 
 def _transcript(key, name, desc, preamble, examples=(), stops=("\nUser:",)):
     # clawd's TranscriptFormat: preamble, blank line, "User: x" / "Assistant: y" lines,
     # then "\nAssistant:" (no trailing space: the model writes " The ...").
-    return Format(key, name, desc, preamble + "\n\n" if preamble else "",
-                  "User: {text}\n", "Assistant: {text}\n", "Assistant:", stops, tuple(examples))
+    return Format(
+        key,
+        name,
+        desc,
+        preamble + "\n\n" if preamble else "",
+        "User: {text}\n",
+        "Assistant: {text}\n",
+        "Assistant:",
+        stops,
+        tuple(examples),
+    )
 
 
 FORMATS = [
-    _transcript("a", "transcript (current)", "clawd's TranscriptFormat: preamble + User:/Assistant: lines",
-                TRANSCRIPT_PREAMBLE),
+    _transcript(
+        "a", "transcript (current)", "clawd's TranscriptFormat: preamble + User:/Assistant: lines", TRANSCRIPT_PREAMBLE
+    ),
     _transcript("b", "transcript, no preamble", "User:/Assistant: lines only", ""),
-    Format("c", "gemma turns", "Gemma chat turn markers (the -it template), BOS added",
-           "", "<start_of_turn>user\n{text}<end_of_turn>\n", "<start_of_turn>model\n{text}<end_of_turn>\n",
-           "<start_of_turn>model\n", ("<end_of_turn>", "<start_of_turn>")),
+    Format(
+        "c",
+        "gemma turns",
+        "Gemma chat turn markers (the -it template), BOS added",
+        "",
+        "<start_of_turn>user\n{text}<end_of_turn>\n",
+        "<start_of_turn>model\n{text}<end_of_turn>\n",
+        "<start_of_turn>model\n",
+        ("<end_of_turn>", "<start_of_turn>"),
+    ),
     Format("d", "Q/A", "Q: ... / A: ... lines", "", "Q: {text}\n", "A: {text}\n", "A:", ("\nQ:",)),
-    Format("e", "alpaca", "### Instruction: / ### Response: blocks", "",
-           "### Instruction:\n{text}\n\n", "### Response:\n{text}\n\n", "### Response:\n", ("###",)),
-    _transcript("f", "transcript, short-answer preamble", "preamble asks for one short sentence",
-                SHORT_PREAMBLE),
-    _transcript("g", "transcript, 1-shot", "current preamble + one example exchange", TRANSCRIPT_PREAMBLE,
-                FEWSHOT_1),
-    _transcript("h", "transcript, 2-shot", "current preamble + two example exchanges", TRANSCRIPT_PREAMBLE,
-                FEWSHOT_2),
-    _transcript("i", "transcript, short preamble + 2-shot", "short-answer preamble + two example exchanges",
-                SHORT_PREAMBLE, FEWSHOT_2),
-    Format("j", "Q/A, 2-shot", "Q:/A: lines after the same two example exchanges", "",
-           "Q: {text}\n", "A: {text}\n", "A:", ("\nQ:",), tuple(FEWSHOT_2)),
-    _transcript("k", "transcript, 1-shot (other example)", "current preamble + a non-capital example exchange",
-                TRANSCRIPT_PREAMBLE, FEWSHOT_1B),
-    Format("l", "Q/A, 1-shot", "Q:/A: lines after one example exchange", "",
-           "Q: {text}\n", "A: {text}\n", "A:", ("\nQ:",), tuple(FEWSHOT_1)),
-    Format("m", "alpaca, 1-shot", "### Instruction:/### Response: after one example exchange", "",
-           "### Instruction:\n{text}\n\n", "### Response:\n{text}\n\n", "### Response:\n", ("###",),
-           tuple(FEWSHOT_1)),
+    Format(
+        "e",
+        "alpaca",
+        "### Instruction: / ### Response: blocks",
+        "",
+        "### Instruction:\n{text}\n\n",
+        "### Response:\n{text}\n\n",
+        "### Response:\n",
+        ("###",),
+    ),
+    _transcript("f", "transcript, short-answer preamble", "preamble asks for one short sentence", SHORT_PREAMBLE),
+    _transcript("g", "transcript, 1-shot", "current preamble + one example exchange", TRANSCRIPT_PREAMBLE, FEWSHOT_1),
+    _transcript("h", "transcript, 2-shot", "current preamble + two example exchanges", TRANSCRIPT_PREAMBLE, FEWSHOT_2),
+    _transcript(
+        "i",
+        "transcript, short preamble + 2-shot",
+        "short-answer preamble + two example exchanges",
+        SHORT_PREAMBLE,
+        FEWSHOT_2,
+    ),
+    Format(
+        "j",
+        "Q/A, 2-shot",
+        "Q:/A: lines after the same two example exchanges",
+        "",
+        "Q: {text}\n",
+        "A: {text}\n",
+        "A:",
+        ("\nQ:",),
+        tuple(FEWSHOT_2),
+    ),
+    _transcript(
+        "k",
+        "transcript, 1-shot (other example)",
+        "current preamble + a non-capital example exchange",
+        TRANSCRIPT_PREAMBLE,
+        FEWSHOT_1B,
+    ),
+    Format(
+        "l",
+        "Q/A, 1-shot",
+        "Q:/A: lines after one example exchange",
+        "",
+        "Q: {text}\n",
+        "A: {text}\n",
+        "A:",
+        ("\nQ:",),
+        tuple(FEWSHOT_1),
+    ),
+    Format(
+        "m",
+        "alpaca, 1-shot",
+        "### Instruction:/### Response: after one example exchange",
+        "",
+        "### Instruction:\n{text}\n\n",
+        "### Response:\n{text}\n\n",
+        "### Response:\n",
+        ("###",),
+        tuple(FEWSHOT_1),
+    ),
 ]
 
 
@@ -235,7 +376,7 @@ def check_current_format_matches_clawd() -> None:
 def degenerate(answer: str, tokens: list[int]) -> bool:
     if not answer.strip():
         return True
-    grams = Counter(tuple(tokens[i:i + 4]) for i in range(len(tokens) - 3))
+    grams = Counter(tuple(tokens[i : i + 4]) for i in range(len(tokens) - 3))
     return bool(grams) and max(grams.values()) >= 3
 
 
@@ -268,11 +409,18 @@ def generate(engine, fmt: Format, case: Case, max_tokens: int) -> dict:
     answer = text.strip()
     ans_tokens = engine.tokenize(answer, add_bos=False) if answer else []
     return {
-        "id": case.id, "kind": case.kind, "prompt_tokens": len(ids), "answer": answer,
-        "raw": buf.decode("utf-8", "replace"), "stop_reason": reason,
-        "stopped": reason != "length", "answer_tokens": len(ans_tokens),
-        "generated_tokens": len(gen_ids), "seconds": dt,
-        "correct": case.check(answer), "degenerate": degenerate(answer, ans_tokens),
+        "id": case.id,
+        "kind": case.kind,
+        "prompt_tokens": len(ids),
+        "answer": answer,
+        "raw": buf.decode("utf-8", "replace"),
+        "stop_reason": reason,
+        "stopped": reason != "length",
+        "answer_tokens": len(ans_tokens),
+        "generated_tokens": len(gen_ids),
+        "seconds": dt,
+        "correct": case.check(answer),
+        "degenerate": degenerate(answer, ans_tokens),
     }
 
 
@@ -300,16 +448,24 @@ def summarize(rows: list[dict]) -> dict:
 def table(results: list[dict]) -> str:
     kinds = list(results[0]["summary"]["accuracy_by_kind"])
     base = next((r for r in results if r["format"]["key"] == "a"), None)
-    head = (["format", "acc", "clean", "stopped", "len (tok)", "degen"] + [f"acc {k}" for k in kinds]
-            + (["vs (a) +won/-lost"] if base else []) + ["tok/s"])
+    head = (
+        ["format", "acc", "clean", "stopped", "len (tok)", "degen"]
+        + [f"acc {k}" for k in kinds]
+        + (["vs (a) +won/-lost"] if base else [])
+        + ["tok/s"]
+    )
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] + ["---:"] * (len(head) - 1)) + "|"]
     for res in results:
         s = res["summary"]
         n = s["n"]
-        cells = [f"({res['format']['key']}) {res['format']['name']}",
-                 f"{s['accuracy']:.0%} ({round(s['accuracy'] * n)}/{n})",
-                 f"{s['clean']:.0%}", f"{s['stopped']:.0%}", f"{s['mean_answer_tokens']:.1f}",
-                 f"{s['degenerate']:.0%}"]
+        cells = [
+            f"({res['format']['key']}) {res['format']['name']}",
+            f"{s['accuracy']:.0%} ({round(s['accuracy'] * n)}/{n})",
+            f"{s['clean']:.0%}",
+            f"{s['stopped']:.0%}",
+            f"{s['mean_answer_tokens']:.1f}",
+            f"{s['degenerate']:.0%}",
+        ]
         cells += [f"{s['accuracy_by_kind'][k]:.0%}" for k in kinds]
         if base:  # paired: prompts this format gets right and (a) wrong, and the reverse
             pairs = list(zip(res["answers"], base["answers"]))
@@ -331,8 +487,12 @@ def main(argv=None) -> int:
     ap.add_argument("--model", type=Path, help="GGUF file (default: clawd's embedded Gemma 3 270M base)")
     ap.add_argument("--home", default="/tmp/clawd-bench-home", help="CLAWD_HOME for the embedded model")
     ap.add_argument("--formats", default="", help="comma-separated format keys (default: all)")
-    ap.add_argument("--set", choices=list(SETS), default="dev",
-                    help="prompt set: the 16 dev prompts (default), the 24 held-out ones, or both")
+    ap.add_argument(
+        "--set",
+        choices=list(SETS),
+        default="dev",
+        help="prompt set: the 16 dev prompts (default), the 24 held-out ones, or both",
+    )
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--threads", type=int, default=2, help="fixed so results are reproducible")
     ap.add_argument("--n-ctx", type=int, default=2048)
@@ -357,9 +517,12 @@ def main(argv=None) -> int:
     engine = Engine(model, n_ctx=args.n_ctx, n_threads=args.threads)
     keys = [k.strip() for k in args.formats.split(",") if k.strip()]
     formats = [f for f in FORMATS if not keys or f.key in keys]
-    print(f"model: {model.name}  ({engine.info.architecture}, chat template: "
-          f"{'yes' if engine.info.chat_template else 'none'})  threads={args.threads}  "
-          f"max_tokens={args.max_tokens}  prompts={len(cases)} ({args.set})  formats={len(formats)}", file=sys.stderr)
+    print(
+        f"model: {model.name}  ({engine.info.architecture}, chat template: "
+        f"{'yes' if engine.info.chat_template else 'none'})  threads={args.threads}  "
+        f"max_tokens={args.max_tokens}  prompts={len(cases)} ({args.set})  formats={len(formats)}",
+        file=sys.stderr,
+    )
 
     results = []
     try:
@@ -369,28 +532,43 @@ def main(argv=None) -> int:
             res = {"format": fmt.spec(), "summary": summarize(rows), "answers": rows}
             results.append(res)
             s = res["summary"]
-            print(f"  ({fmt.key}) {fmt.name}: acc {s['accuracy']:.0%} clean {s['clean']:.0%} "
-                  f"[{time.perf_counter() - t0:.0f}s]", file=sys.stderr)
+            print(
+                f"  ({fmt.key}) {fmt.name}: acc {s['accuracy']:.0%} clean {s['clean']:.0%} "
+                f"[{time.perf_counter() - t0:.0f}s]",
+                file=sys.stderr,
+            )
     finally:
         engine.close()
 
-    print(f"\n## Chat formats on {model.name} — {len(cases)} prompts ({args.set} set), greedy, max {args.max_tokens} tokens\n")
+    print(
+        f"\n## Chat formats on {model.name} — {len(cases)} prompts ({args.set} set), greedy, max {args.max_tokens} tokens\n"
+    )
     print(table(results))
     ranked = sorted(results, key=rank_key)
-    print("\nRanked by clean, then accuracy, then degenerate rate, then length: "
-          + " > ".join(f"({r['format']['key']})" for r in ranked))
+    print(
+        "\nRanked by clean, then accuracy, then degenerate rate, then length: "
+        + " > ".join(f"({r['format']['key']})" for r in ranked)
+    )
     for res in ranked[: args.samples]:
         f = res["format"]
         print(f"\n### ({f['key']}) {f['name']} — stops {f['stops']}\n")
         print("```\n" + f["example_render"] + "\n```\n")
         for r in res["answers"]:
-            mark = ("ok " if r["correct"] else "BAD") + (" " if r["stopped"] else "…") + \
-                   ("D" if r["degenerate"] else " ")
+            mark = (
+                ("ok " if r["correct"] else "BAD") + (" " if r["stopped"] else "…") + ("D" if r["degenerate"] else " ")
+            )
             print(f"- `{mark}` **{r['id']}**: {json.dumps(r['answer'], ensure_ascii=False)}")
 
     if args.out:
-        doc = {"model": str(model), "max_tokens": args.max_tokens, "threads": args.threads,
-               "n_ctx": args.n_ctx, "set": args.set, "cases": [c.__dict__ for c in cases], "results": results}
+        doc = {
+            "model": str(model),
+            "max_tokens": args.max_tokens,
+            "threads": args.threads,
+            "n_ctx": args.n_ctx,
+            "set": args.set,
+            "cases": [c.__dict__ for c in cases],
+            "results": results,
+        }
         args.out.write_text(json.dumps(doc, indent=2, ensure_ascii=False, default=list) + "\n")
         print(f"\nwrote {args.out}", file=sys.stderr)
     return 0

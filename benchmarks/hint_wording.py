@@ -44,10 +44,13 @@ def measure_all(users, n_prompts: int, max_tokens: int, model: Path, work: Path)
                 point = measure(d, user, budget, f"{user.name}-{wording}", hinted=build)
                 if not point["answers"]:  # the miner would make no hint of any of its corrections
                     continue
-                rows.append({"user": user.name, "wording": wording, "greedy": point["greedy"],
-                             "sampled": point["sampled"]})
-                print(f"{user.name:10} {wording:11} greedy {point['greedy']:4.0%}  sampled {point['sampled']:4.0%}",
-                      flush=True)
+                rows.append(
+                    {"user": user.name, "wording": wording, "greedy": point["greedy"], "sampled": point["sampled"]}
+                )
+                print(
+                    f"{user.name:10} {wording:11} greedy {point['greedy']:4.0%}  sampled {point['sampled']:4.0%}",
+                    flush=True,
+                )
     return rows
 
 

@@ -82,16 +82,36 @@ AMBIGUOUS = [
 ]
 # The user requests whose TTFT is measured: short, distinct from the seeded ones.
 PROMPTS = [
-    "What is the capital of Peru?", "Name a planet.", "What is 7 plus 5?", "Say hi.",
-    "What is the color of grass?", "Name a dog breed.", "What is ice made of?",
-    "Spell the word cat.", "What day comes after Monday?", "Name a vegetable.",
-    "What is the capital of Canada?", "How many hours are in a day?", "Name a musical instrument.",
-    "What do cows drink?", "What is the largest planet?", "Name a city in Italy.",
-    "What is 9 minus 4?", "Name a bird.", "What is the freezing point of water?",
-    "Name a sport played with a ball.", "What is the capital of Egypt?", "Name a flower.",
-    "How many months are in a year?", "What is the opposite of up?", "Name a metal.",
-    "What is the capital of Spain?", "Name a shape.", "What is 3 times 3?",
-    "Name a farm animal.", "What is the first letter of the alphabet?",
+    "What is the capital of Peru?",
+    "Name a planet.",
+    "What is 7 plus 5?",
+    "Say hi.",
+    "What is the color of grass?",
+    "Name a dog breed.",
+    "What is ice made of?",
+    "Spell the word cat.",
+    "What day comes after Monday?",
+    "Name a vegetable.",
+    "What is the capital of Canada?",
+    "How many hours are in a day?",
+    "Name a musical instrument.",
+    "What do cows drink?",
+    "What is the largest planet?",
+    "Name a city in Italy.",
+    "What is 9 minus 4?",
+    "Name a bird.",
+    "What is the freezing point of water?",
+    "Name a sport played with a ball.",
+    "What is the capital of Egypt?",
+    "Name a flower.",
+    "How many months are in a year?",
+    "What is the opposite of up?",
+    "Name a metal.",
+    "What is the capital of Spain?",
+    "Name a shape.",
+    "What is 3 times 3?",
+    "Name a farm animal.",
+    "What is the first letter of the alphabet?",
 ]
 
 
@@ -108,8 +128,10 @@ def conversations(n: int) -> list[tuple[str, str, str]]:
 
 
 def prompts(n: int) -> list[str]:
-    return [p if i < len(PROMPTS) else f"{p} (take {i // len(PROMPTS) + 1})"
-            for i, p in ((i, PROMPTS[i % len(PROMPTS)]) for i in range(n))]
+    return [
+        p if i < len(PROMPTS) else f"{p} (take {i // len(PROMPTS) + 1})"
+        for i, p in ((i, PROMPTS[i % len(PROMPTS)]) for i in range(n))
+    ]
 
 
 # ---- daemon --------------------------------------------------------------------------
@@ -122,11 +144,20 @@ class Daemon:
     def __init__(self, home: Path, model: Path, threads: int, mining: dict[str, str]):
         self.home = home
         self.log = home / "serve.log"
-        env = {**os.environ, "CLAWD_HOME": str(home), "CLAWD_MODEL_N_THREADS": str(threads),
-               "CLAWD_LOG_LEVEL": "warning", **mining}
+        env = {
+            **os.environ,
+            "CLAWD_HOME": str(home),
+            "CLAWD_MODEL_N_THREADS": str(threads),
+            "CLAWD_LOG_LEVEL": "warning",
+            **mining,
+        }
         args = [sys.executable, "-m", "clawd.cli", "serve", "--port", "0", "--model", str(model)]
-        self.cmd = " ".join(f"{k}={shlex.quote(v.replace(str(model), '<model>'))}" for k, v in mining.items()) \
-            + " clawd " + shlex.join(args[3:-2]) + " --model <model>"
+        self.cmd = (
+            " ".join(f"{k}={shlex.quote(v.replace(str(model), '<model>'))}" for k, v in mining.items())
+            + " clawd "
+            + shlex.join(args[3:-2])
+            + " --model <model>"
+        )
         fh = open(self.log, "w")  # noqa: SIM115 - lives as long as the process
         self.proc = subprocess.Popen(args, env=env, cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT, text=True)
         fh.close()
@@ -159,8 +190,12 @@ class Daemon:
 
 
 def mining_env(enabled: bool, judge: str = "rules", hint_judge: str = "rules", votes: int = 3) -> dict[str, str]:
-    return {"CLAWD_MINING_ENABLED": "1" if enabled else "0", "CLAWD_MINING_JUDGE": judge,
-            "CLAWD_MINING_HINT_JUDGE": hint_judge, "CLAWD_MINING_VOTES": str(votes)}
+    return {
+        "CLAWD_MINING_ENABLED": "1" if enabled else "0",
+        "CLAWD_MINING_JUDGE": judge,
+        "CLAWD_MINING_HINT_JUDGE": hint_judge,
+        "CLAWD_MINING_VOTES": str(votes),
+    }
 
 
 def fresh_home(base: Path, name: str, seeded: Path | None) -> Path:
@@ -178,14 +213,28 @@ def fresh_home(base: Path, name: str, seeded: Path | None) -> Path:
 
 
 def chat(d: Daemon, messages: list[dict], max_tokens: int, session_id: str) -> str:
-    body = {"model": d.model_id, "messages": messages, "stream": False, "temperature": 0,
-            "max_tokens": max_tokens, "seed": 1, "session_id": session_id}
+    body = {
+        "model": d.model_id,
+        "messages": messages,
+        "stream": False,
+        "temperature": 0,
+        "max_tokens": max_tokens,
+        "seed": 1,
+        "session_id": session_id,
+    }
     return d.client.post("/v1/chat/completions", body)["choices"][0]["message"]["content"]
 
 
 def timed_stream(d: Daemon, user: str, max_tokens: int, session_id: str) -> dict:
-    body = {"model": d.model_id, "messages": [{"role": "user", "content": user}], "stream": True,
-            "temperature": 0, "seed": 1, "max_tokens": max_tokens, "session_id": session_id}
+    body = {
+        "model": d.model_id,
+        "messages": [{"role": "user", "content": user}],
+        "stream": True,
+        "temperature": 0,
+        "seed": 1,
+        "max_tokens": max_tokens,
+        "session_id": session_id,
+    }
     t0 = time.perf_counter()
     first = None
     with d.client.stream("POST", "/v1/chat/completions", json=body) as r:
@@ -197,8 +246,7 @@ def timed_stream(d: Daemon, user: str, max_tokens: int, session_id: str) -> dict
                 if any(c["delta"].get("content") for c in chunk.get("choices", [])):
                     first = time.perf_counter()
     t1 = time.perf_counter()
-    return {"ttft_ms": (first - t0) * 1000 if first else float("nan"), "total_ms": (t1 - t0) * 1000,
-            "turn_id": turn_id}
+    return {"ttft_ms": (first - t0) * 1000 if first else float("nan"), "total_ms": (t1 - t0) * 1000, "turn_id": turn_id}
 
 
 def seed(d: Daemon, convs: list[tuple[str, str, str]], answer_tokens: int) -> None:
@@ -220,8 +268,12 @@ def ttft_phase(d: Daemon, users: list[str], gaps: list[float], max_tokens: int, 
         time.sleep(gap)
         st = d.status()
         row = timed_stream(d, user, max_tokens, f"{tag}-{i}")
-        row.update(engine_busy=st["busy"], miner_busy=bool(st["miner"] and st["miner"]["busy"]),
-                   pending=st["signals"]["pending"], gap_s=gap)
+        row.update(
+            engine_busy=st["busy"],
+            miner_busy=bool(st["miner"] and st["miner"]["busy"]),
+            pending=st["signals"]["pending"],
+            gap_s=gap,
+        )
         rows.append(row)
     # Server-side TTFT (turn start -> first token, no HTTP), fetched after the phase so
     # the lookups never overlap a measured request.
@@ -250,19 +302,27 @@ def mine_until_drained(d: Daemon, expected: int, timeout_s: float) -> dict:
     elapsed = time.perf_counter() - t0
     rows = d.client.request("GET", "/clawd/signals", params={"limit": 10_000}).json()
     mined = [r for r in rows if r["status"] in ("ready", "empty")]
-    return {"elapsed_s": elapsed, "mined": len(mined), "pending": sig["pending"], "waiting": sig["waiting"],
-            "timed_out": sig["pending"] > 0 or done < expected,
-            "per_min": len(mined) / elapsed * 60, "judge_error": st["miner"]["judge_error"],
-            "rewards": dict(collections.Counter(str(r["reward"]) for r in mined)),
-            "sources": dict(collections.Counter(r["reward_source"] for r in mined)),
-            "with_hint": sum(1 for r in mined if r["hint"]), "busy_share": busy_polls / polls,
-            # LLM votes that parsed to a score (a small judge often forgets its \\boxed{})
-            "votes_valid": sum(v is not None for r in mined for v in r["votes"]),
-            "votes_total": sum(len(r["votes"]) for r in mined),
-            # chosen hints by where they came from: the user's own words, feedback, or a judge
-            "hint_sources": dict(collections.Counter(h["source"] for r in mined for h in r["hints"]
-                                                     if h["text"] == r["hint"])),
-            "signals": mined}
+    return {
+        "elapsed_s": elapsed,
+        "mined": len(mined),
+        "pending": sig["pending"],
+        "waiting": sig["waiting"],
+        "timed_out": sig["pending"] > 0 or done < expected,
+        "per_min": len(mined) / elapsed * 60,
+        "judge_error": st["miner"]["judge_error"],
+        "rewards": dict(collections.Counter(str(r["reward"]) for r in mined)),
+        "sources": dict(collections.Counter(r["reward_source"] for r in mined)),
+        "with_hint": sum(1 for r in mined if r["hint"]),
+        "busy_share": busy_polls / polls,
+        # LLM votes that parsed to a score (a small judge often forgets its \\boxed{})
+        "votes_valid": sum(v is not None for r in mined for v in r["votes"]),
+        "votes_total": sum(len(r["votes"]) for r in mined),
+        # chosen hints by where they came from: the user's own words, feedback, or a judge
+        "hint_sources": dict(
+            collections.Counter(h["source"] for r in mined for h in r["hints"] if h["text"] == r["hint"])
+        ),
+        "signals": mined,
+    }
 
 
 # ---- report --------------------------------------------------------------------------
@@ -282,8 +342,11 @@ def main() -> None:
     ap.add_argument("--model", type=Path, help="GGUF file (default: the embedded Gemma 3 270M)")
     ap.add_argument("--requests", type=int, default=40, help="measured user requests per TTFT phase")
     ap.add_argument("--conversations", type=int, default=24, help="seeded conversations (mixed kinds)")
-    ap.add_argument("--judges", default="rules,self,gguf",
-                    help="comma list for the mining-rate runs: rules, self, gguf (= gguf:<model file>)")
+    ap.add_argument(
+        "--judges",
+        default="rules,self,gguf",
+        help="comma list for the mining-rate runs: rules, self, gguf (= gguf:<model file>)",
+    )
     ap.add_argument("--votes", type=int, default=3, help="judge votes per turn (mining.votes)")
     ap.add_argument("--max-tokens", type=int, default=16, help="max_tokens of the measured requests")
     ap.add_argument("--answer-tokens", type=int, default=48, help="max_tokens of the seeded answers")
@@ -307,8 +370,10 @@ def main() -> None:
     users = prompts(args.requests)
     rng = random.Random(args.seed)
     gaps = [rng.uniform(args.gap_min, args.gap_max) for _ in users]
-    results: dict = {"args": {k: str(v) for k, v in vars(args).items()},
-                     "model": str(model) if args.model else f"embedded Gemma 3 270M ({model.name})"}
+    results: dict = {
+        "args": {k: str(v) for k, v in vars(args).items()},
+        "model": str(model) if args.model else f"embedded Gemma 3 270M ({model.name})",
+    }
     commands = {}
     try:
         # -- seed once, mining off ---------------------------------------------------
@@ -319,13 +384,18 @@ def main() -> None:
         finally:
             d.stop()
         results["seed_s"] = time.perf_counter() - t
-        print(f"seeded {len(convs)} conversations in {results['seed_s']:.1f} s "
-              f"({collections.Counter(k for k, _, _ in convs)})", flush=True)
+        print(
+            f"seeded {len(convs)} conversations in {results['seed_s']:.1f} s "
+            f"({collections.Counter(k for k, _, _ in convs)})",
+            flush=True,
+        )
         seeded_db = seed_paths.db_file
 
         # -- TTFT: idle anchor, then busy ---------------------------------------------
-        phases = {"idle": mining_env(False, "self", "self", args.votes),
-                  "busy": mining_env(True, "self", "self", args.votes)}
+        phases = {
+            "idle": mining_env(False, "self", "self", args.votes),
+            "busy": mining_env(True, "self", "self", args.votes),
+        }
         for name, env in phases.items():
             d = Daemon(fresh_home(base, name, seeded_db), model, args.threads, env)
             commands[f"ttft-{name}"] = d.cmd
@@ -340,29 +410,38 @@ def main() -> None:
             finally:
                 d.stop()
             r = results[f"ttft_{name}"]
-            print(f"{name}: TTFT p50 {pct([x['ttft_ms'] for x in rows], 50):.1f} ms, "
-                  f"p95 {pct([x['ttft_ms'] for x in rows], 95):.1f} ms; engine busy at send "
-                  f"{sum(x['engine_busy'] for x in rows)}/{len(rows)}, miner busy at send "
-                  f"{sum(x['miner_busy'] for x in rows)}/{len(rows)}; signals at end {r['end_signals']}", flush=True)
+            print(
+                f"{name}: TTFT p50 {pct([x['ttft_ms'] for x in rows], 50):.1f} ms, "
+                f"p95 {pct([x['ttft_ms'] for x in rows], 95):.1f} ms; engine busy at send "
+                f"{sum(x['engine_busy'] for x in rows)}/{len(rows)}, miner busy at send "
+                f"{sum(x['miner_busy'] for x in rows)}/{len(rows)}; signals at end {r['end_signals']}",
+                flush=True,
+            )
 
         # -- signals per minute, per judge --------------------------------------------
-        specs = {"rules": ("rules", "rules"), "self": ("self", "self"),
-                 "gguf": (f"gguf:{model}", f"gguf:{model}")}
+        specs = {"rules": ("rules", "rules"), "self": ("self", "self"), "gguf": (f"gguf:{model}", f"gguf:{model}")}
         results["mining"] = {}
         for name in [j.strip() for j in args.judges.split(",") if j.strip()]:
             judge, hint_judge = specs[name]
-            d = Daemon(fresh_home(base, f"mine-{name}", seeded_db), model, args.threads,
-                       mining_env(True, judge, hint_judge, args.votes))
+            d = Daemon(
+                fresh_home(base, f"mine-{name}", seeded_db),
+                model,
+                args.threads,
+                mining_env(True, judge, hint_judge, args.votes),
+            )
             commands[f"mine-{name}"] = d.cmd
             try:
                 res = mine_until_drained(d, len(convs), args.mine_timeout)
             finally:
                 d.stop()
             results["mining"][name] = res
-            print(f"mining {name}: {res['mined']} signals in {res['elapsed_s']:.1f} s = {res['per_min']:.1f}/min"
-                  f"{' (TIMED OUT, ' + str(res['pending']) + ' pending)' if res['timed_out'] else ''}; "
-                  f"rewards {res['rewards']}, sources {res['sources']}, with hint {res['with_hint']}, "
-                  f"judge_error {res['judge_error']}", flush=True)
+            print(
+                f"mining {name}: {res['mined']} signals in {res['elapsed_s']:.1f} s = {res['per_min']:.1f}/min"
+                f"{' (TIMED OUT, ' + str(res['pending']) + ' pending)' if res['timed_out'] else ''}; "
+                f"rewards {res['rewards']}, sources {res['sources']}, with hint {res['with_hint']}, "
+                f"judge_error {res['judge_error']}",
+                flush=True,
+            )
     finally:
         shutil.rmtree(base, ignore_errors=True)
 
@@ -377,53 +456,76 @@ def main() -> None:
 
 def report(results: dict, args, convs, commands: dict, wall: float) -> None:
     idle, busy = results["ttft_idle"]["rows"], results["ttft_busy"]["rows"]
-    q = {(name, p): pct([r["ttft_ms"] for r in rows], p) for name, rows in (("idle", idle), ("busy", busy))
-         for p in (50, 95)}
-    sq = {(name, p): pct([r.get("server_ttft_ms") or float("nan") for r in rows], p)
-          for name, rows in (("idle", idle), ("busy", busy)) for p in (50, 95)}
+    q = {
+        (name, p): pct([r["ttft_ms"] for r in rows], p)
+        for name, rows in (("idle", idle), ("busy", busy))
+        for p in (50, 95)
+    }
+    sq = {
+        (name, p): pct([r.get("server_ttft_ms") or float("nan") for r in rows], p)
+        for name, rows in (("idle", idle), ("busy", busy))
+        for p in (50, 95)
+    }
     print()
-    print(f"model {results['model']}, {args.threads} threads, {len(convs)} seeded conversations, "
-          f"{len(idle)} requests per phase (max_tokens {args.max_tokens}, gaps {args.gap_min}-{args.gap_max} s), "
-          f"judge votes {args.votes}; 1-min load average {results['loadavg_1min']['start']:.2f} at start, "
-          f"{results['loadavg_1min']['end']:.2f} at end")
+    print(
+        f"model {results['model']}, {args.threads} threads, {len(convs)} seeded conversations, "
+        f"{len(idle)} requests per phase (max_tokens {args.max_tokens}, gaps {args.gap_min}-{args.gap_max} s), "
+        f"judge votes {args.votes}; 1-min load average {results['loadavg_1min']['start']:.2f} at start, "
+        f"{results['loadavg_1min']['end']:.2f} at end"
+    )
     print()
-    print("| TTFT (send -> first content chunk) | idle: mining off (anchor) | busy: mining on, judge self | "
-          "ratio busy/idle | goal |")
+    print(
+        "| TTFT (send -> first content chunk) | idle: mining off (anchor) | busy: mining on, judge self | "
+        "ratio busy/idle | goal |"
+    )
     print("|---|---|---|---|---|")
     for p in (50, 95):
         ratio = q[("busy", p)] / q[("idle", p)]
-        print(f"| p{p} ms | {q[('idle', p)]:.1f} | {q[('busy', p)]:.1f} | {ratio:.2f}x | "
-              f"{'<= 1.2x' if p == 95 else ''} |")
+        print(
+            f"| p{p} ms | {q[('idle', p)]:.1f} | {q[('busy', p)]:.1f} | {ratio:.2f}x | {'<= 1.2x' if p == 95 else ''} |"
+        )
     for p in (50, 95):
-        print(f"| p{p} ms, server side (turn start -> first token) | {sq[('idle', p)]:.1f} | "
-              f"{sq[('busy', p)]:.1f} | {sq[('busy', p)] / sq[('idle', p)]:.2f}x | |")
+        print(
+            f"| p{p} ms, server side (turn start -> first token) | {sq[('idle', p)]:.1f} | "
+            f"{sq[('busy', p)]:.1f} | {sq[('busy', p)] / sq[('idle', p)]:.2f}x | |"
+        )
     held = [r["ttft_ms"] for r in busy if r["engine_busy"]]
     free = [r["ttft_ms"] for r in busy if not r["engine_busy"]]
     eb = results["ttft_busy"]
-    print(f"| busy: requests sent while the engine was held (by the miner) | | {len(held)}/{len(busy)}: "
-          f"p50 {pct(held, 50):.1f}, max {max(held, default=float('nan')):.1f} | | |")
-    print(f"| busy: requests sent while the engine was free | | {len(free)}/{len(busy)}: "
-          f"p50 {pct(free, 50):.1f}, max {max(free, default=float('nan')):.1f} | | |")
-    print(f"| busy: miner busy at send / signals pending at end / mined during phase | | "
-          f"{sum(r['miner_busy'] for r in busy)}/{len(busy)} / {eb['end_signals']['pending']} / "
-          f"{eb['miner']['mined']} | | |")
+    print(
+        f"| busy: requests sent while the engine was held (by the miner) | | {len(held)}/{len(busy)}: "
+        f"p50 {pct(held, 50):.1f}, max {max(held, default=float('nan')):.1f} | | |"
+    )
+    print(
+        f"| busy: requests sent while the engine was free | | {len(free)}/{len(busy)}: "
+        f"p50 {pct(free, 50):.1f}, max {max(free, default=float('nan')):.1f} | | |"
+    )
+    print(
+        f"| busy: miner busy at send / signals pending at end / mined during phase | | "
+        f"{sum(r['miner_busy'] for r in busy)}/{len(busy)} / {eb['end_signals']['pending']} / "
+        f"{eb['miner']['mined']} | | |"
+    )
     print()
     mining = results.get("mining", {})
     if mining:
         anchor = mining.get("rules", {}).get("per_min")
-        print("| judge (evaluative + hint) | signals mined | time s | signals/min | vs rules | rewards +1/0/-1 "
-              "| reward sources | with hint (chosen hint's source) | LLM votes parsed | judge error |")
+        print(
+            "| judge (evaluative + hint) | signals mined | time s | signals/min | vs rules | rewards +1/0/-1 "
+            "| reward sources | with hint (chosen hint's source) | LLM votes parsed | judge error |"
+        )
         print("|---|---|---|---|---|---|---|---|---|---|")
         for name, m in mining.items():
             rw = m["rewards"]
             vs = f"{m['per_min'] / anchor:.3f}x" if anchor else "n/a"
             to = f" (timed out, {m['pending']} pending)" if m["timed_out"] else ""
-            print(f"| {name} | {m['mined']}{to} | {m['elapsed_s']:.1f} | {m['per_min']:.1f} | {vs} | "
-                  f"{rw.get('1', 0)}/{rw.get('0', 0)}/{rw.get('-1', 0)} | "
-                  f"{', '.join(f'{k} {v}' for k, v in sorted(m['sources'].items()))} | {m['with_hint']} ("
-                  f"{', '.join(f'{k} {v}' for k, v in sorted(m['hint_sources'].items()))}) | "
-                  f"{m['votes_valid']}/{m['votes_total']} | "
-                  f"{m['judge_error'] or ''} |")
+            print(
+                f"| {name} | {m['mined']}{to} | {m['elapsed_s']:.1f} | {m['per_min']:.1f} | {vs} | "
+                f"{rw.get('1', 0)}/{rw.get('0', 0)}/{rw.get('-1', 0)} | "
+                f"{', '.join(f'{k} {v}' for k, v in sorted(m['sources'].items()))} | {m['with_hint']} ("
+                f"{', '.join(f'{k} {v}' for k, v in sorted(m['hint_sources'].items()))}) | "
+                f"{m['votes_valid']}/{m['votes_total']} | "
+                f"{m['judge_error'] or ''} |"
+            )
         print()
     print(f"wall time {wall:.0f} s. Command: python {shlex.join(sys.argv)}")
     print(f"daemons (<model> = {results['model']}):")

@@ -49,8 +49,9 @@ def timed_generation(engine, prompt_ids: list[int], max_tokens: int) -> dict:
 
     engine.score(prompt_ids[:1], prompt_ids[1:2], reuse_cache=False, slot=0)  # an empty cache for both
     t0 = time.perf_counter()
-    stamps = [time.perf_counter() for _ in engine.generate(prompt_ids, SamplingParams(max_tokens=max_tokens,
-                                                                                      temperature=0))]
+    stamps = [
+        time.perf_counter() for _ in engine.generate(prompt_ids, SamplingParams(max_tokens=max_tokens, temperature=0))
+    ]
     first, n = stamps[0] - t0, len(stamps)
     return {"prefill_s": first, "decode_tok_s": (n - 1) / (stamps[-1] - stamps[0]) if n > 1 else 0.0, "n": n}
 
@@ -98,8 +99,11 @@ def one_row_matmul(rows: int = 65536, cols: int = 640, repeats: int = 20) -> dic
 
     out = {"float32": ms(lambda: x @ w.T), "bfloat16": ms(lambda: xb @ wb.T)}
     for bits, (wq, scales, biases) in q.items():
-        out[f"{bits}-bit"] = ms(lambda wq=wq, s=scales, b=biases, bits=bits: mx.quantized_matmul(
-            x, wq, s, b, transpose=True, group_size=64, bits=bits))
+        out[f"{bits}-bit"] = ms(
+            lambda wq=wq, s=scales, b=biases, bits=bits: mx.quantized_matmul(
+                x, wq, s, b, transpose=True, group_size=64, bits=bits
+            )
+        )
     out["float32_gb_s"] = rows * cols * 4 / (out["float32"] / 1000) / 1e9
     return out
 
@@ -146,9 +150,11 @@ def main() -> None:
                 r = timed_generation(engine, ids, args.max_tokens)
                 rows[name].append({**r, "prompt_tokens": len(ids)})
             a, m = rows["llamacpp"][-1], rows["mlx"][-1]
-            print(f"round {rnd} prompt {i} ({len(ids)} tok): llama.cpp {a['decode_tok_s']:5.1f} tok/s, prefill "
-                  f"{a['prefill_s'] * 1000:6.0f} ms | mlx {m['decode_tok_s']:5.1f} tok/s, prefill "
-                  f"{m['prefill_s'] * 1000:6.0f} ms ({m['n']} tokens)")
+            print(
+                f"round {rnd} prompt {i} ({len(ids)} tok): llama.cpp {a['decode_tok_s']:5.1f} tok/s, prefill "
+                f"{a['prefill_s'] * 1000:6.0f} ms | mlx {m['decode_tok_s']:5.1f} tok/s, prefill "
+                f"{m['prefill_s'] * 1000:6.0f} ms ({m['n']} tokens)"
+            )
 
     def med(name: str, key: str) -> float:
         return statistics.median(r[key] for r in rows[name])
@@ -158,11 +164,21 @@ def main() -> None:
 
     # ---- adapter swap ------------------------------------------------------------------------
     adir = home / "bench-adapters"
-    keys = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
-            "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
-    made = {name: build_tiny_mlx_adapter(adir / name, gguf, seed=seed, rank=8, scale=2.0, keys=keys,
-                                       cache_dir=paths.cache_dir)
-            for name, seed in (("A", 1), ("B", 2))}
+    keys = (
+        "self_attn.q_proj",
+        "self_attn.k_proj",
+        "self_attn.v_proj",
+        "self_attn.o_proj",
+        "mlp.gate_proj",
+        "mlp.up_proj",
+        "mlp.down_proj",
+    )
+    made = {
+        name: build_tiny_mlx_adapter(
+            adir / name, gguf, seed=seed, rank=8, scale=2.0, keys=keys, cache_dir=paths.cache_dir
+        )
+        for name, seed in (("A", 1), ("B", 2))
+    }
     t0 = time.perf_counter()
     subject.load_adapter("A", made["A"])
     t_load_mlx = (time.perf_counter() - t0) * 1000
@@ -195,21 +211,29 @@ def main() -> None:
         a_dec, m_dec = med("llamacpp", "decode_tok_s"), med("mlx", "decode_tok_s")
         a_pre, m_pre = prefill_tok_s("llamacpp"), prefill_tok_s("mlx")
     print()
-    print(f"Gemma 3 270M (GGUF Q4_K_M; mlx runs its float32 dequantization), greedy, {args.max_tokens} tokens, "
-          f"{len(rows['mlx'])} generations each, {threads} cores")
+    print(
+        f"Gemma 3 270M (GGUF Q4_K_M; mlx runs its float32 dequantization), greedy, {args.max_tokens} tokens, "
+        f"{len(rows['mlx'])} generations each, {threads} cores"
+    )
     print("| | llama.cpp engine (anchor) | mlx engine | mlx / anchor |")
     print("|---|---|---|---|")
     if rows["mlx"]:
         print(f"| decode tok/s (median) | {a_dec:.1f} | {m_dec:.1f} | {m_dec / a_dec:.2f} |")
         print(f"| prefill tok/s (pooled) | {a_pre:.0f} | {m_pre:.0f} | {m_pre / a_pre:.2f} |")
     print(f"| adapter load from disk, ms | {t_load_lc:.1f} | {t_load_mlx:.1f} | {t_load_mlx / t_load_lc:.2f} |")
-    print(f"| adapter switch, ms (switching - same-adapter 1-token score) | {swap_lc:.2f} | {swap_mlx:.2f} | "
-          f"{swap_mlx / swap_lc if swap_lc > 0 else float('nan'):.2f} |")
-    print(f"| 1-token score, same adapter / switching each call, ms | {lc_same:.1f} / {lc_switch:.1f} | "
-          f"{mlx_same:.1f} / {mlx_switch:.1f} | |")
+    print(
+        f"| adapter switch, ms (switching - same-adapter 1-token score) | {swap_lc:.2f} | {swap_mlx:.2f} | "
+        f"{swap_mlx / swap_lc if swap_lc > 0 else float('nan'):.2f} |"
+    )
+    print(
+        f"| 1-token score, same adapter / switching each call, ms | {lc_same:.1f} / {lc_switch:.1f} | "
+        f"{mlx_same:.1f} / {mlx_switch:.1f} | |"
+    )
     print(f"mlx in-place switch alone (rebind {len(subject._switch._wrapped)} LoRA layers): {mlx_bind:.3f} ms")
-    print(f"mlx-lm's way to change adapter (rebuild the model from clawd's cached weights + load_adapters): "
-          f"{t_reload:.0f} ms = {t_reload / mlx_bind:.0f}x the in-place switch")
+    print(
+        f"mlx-lm's way to change adapter (rebuild the model from clawd's cached weights + load_adapters): "
+        f"{t_reload:.0f} ms = {t_reload / mlx_bind:.0f}x the in-place switch"
+    )
 
     # ---- why decode is what it is: one token reads every weight once --------------------------
     from mlx.utils import tree_flatten
@@ -217,11 +241,15 @@ def main() -> None:
     weight_bytes = sum(a.nbytes for _, a in tree_flatten(subject._model.parameters()))
     mv = one_row_matmul()
     ceiling = mv["float32_gb_s"] * 1e9 / weight_bytes
-    print("one-row projection 65536x640 on MLX's CPU backend, ms: "
-          + ", ".join(f"{k} {v:.2f}" for k, v in mv.items() if k != "float32_gb_s")
-          + f"; float32 reads {mv['float32_gb_s']:.1f} GB/s")
-    print(f"mlx weights {weight_bytes / 1e9:.2f} GB read per decoded token -> decode ceiling {ceiling:.1f} tok/s"
-          + (f"; measured {m_dec:.1f} tok/s = {m_dec / ceiling:.0%} of it" if rows["mlx"] else ""))
+    print(
+        "one-row projection 65536x640 on MLX's CPU backend, ms: "
+        + ", ".join(f"{k} {v:.2f}" for k, v in mv.items() if k != "float32_gb_s")
+        + f"; float32 reads {mv['float32_gb_s']:.1f} GB/s"
+    )
+    print(
+        f"mlx weights {weight_bytes / 1e9:.2f} GB read per decoded token -> decode ceiling {ceiling:.1f} tok/s"
+        + (f"; measured {m_dec:.1f} tok/s = {m_dec / ceiling:.0%} of it" if rows["mlx"] else "")
+    )
     anchor.close()
     subject.close()
 

@@ -46,8 +46,7 @@ PROMPTS = [
 
 
 def start_daemon(home: Path, model: Path | None, threads: int) -> tuple[subprocess.Popen, str]:
-    env = {**os.environ, "CLAWD_HOME": str(home), "CLAWD_MODEL_N_THREADS": str(threads),
-           "CLAWD_LOG_LEVEL": "warning"}
+    env = {**os.environ, "CLAWD_HOME": str(home), "CLAWD_MODEL_N_THREADS": str(threads), "CLAWD_LOG_LEVEL": "warning"}
     args = [sys.executable, "-m", "clawd.cli", "serve", "--port", "0"]
     if model:
         args += ["--model", str(model)]
@@ -63,18 +62,33 @@ def timed_anchor(llm, prompt: str, max_tokens: int, stop: list[str], temperature
     t0 = time.perf_counter()
     stamps = []
     # The same sampler chain as clawd's: top-k 40, top-p 0.95, temperature, seeded draw.
-    for _ in llm.create_completion(prompt, max_tokens=max_tokens, temperature=temperature, top_k=40,
-                                   top_p=0.95, min_p=0.0, seed=1, stop=stop, stream=True):
+    for _ in llm.create_completion(
+        prompt,
+        max_tokens=max_tokens,
+        temperature=temperature,
+        top_k=40,
+        top_p=0.95,
+        min_p=0.0,
+        seed=1,
+        stop=stop,
+        stream=True,
+    ):
         stamps.append(time.perf_counter())
     return _rates(t0, stamps, len(stamps))
 
 
-def timed_daemon(client: DaemonClient, model_id: str, user: str, max_tokens: int,
-                 temperature: float = 0.0) -> dict:
-    body = {"model": model_id, "messages": [{"role": "user", "content": user}], "stream": True,
-            "temperature": temperature, "top_p": 0.95, "seed": 1, "max_tokens": max_tokens,
-            "stream_options": {"include_usage": True},
-            "session_id": f"bench-{time.time_ns()}"}
+def timed_daemon(client: DaemonClient, model_id: str, user: str, max_tokens: int, temperature: float = 0.0) -> dict:
+    body = {
+        "model": model_id,
+        "messages": [{"role": "user", "content": user}],
+        "stream": True,
+        "temperature": temperature,
+        "top_p": 0.95,
+        "seed": 1,
+        "max_tokens": max_tokens,
+        "stream_options": {"include_usage": True},
+        "session_id": f"bench-{time.time_ns()}",
+    }
     t0 = time.perf_counter()
     stamps, usage = [], None
     with client.stream("POST", "/v1/chat/completions", json=body) as r:
@@ -94,8 +108,13 @@ def timed_daemon(client: DaemonClient, model_id: str, user: str, max_tokens: int
 def _rates(t0: float, stamps: list[float], n_tokens: int) -> dict:
     ttft = (stamps[0] - t0) * 1000 if stamps else float("nan")
     span = stamps[-1] - stamps[0] if len(stamps) > 1 else float("nan")
-    return {"ttft_ms": ttft, "tokens": n_tokens, "chunks": len(stamps), "span_s": span,
-            "tok_s": (len(stamps) - 1) / span if span else float("nan")}
+    return {
+        "ttft_ms": ttft,
+        "tokens": n_tokens,
+        "chunks": len(stamps),
+        "span_s": span,
+        "tok_s": (len(stamps) - 1) / span if span else float("nan"),
+    }
 
 
 def main() -> None:
@@ -103,8 +122,9 @@ def main() -> None:
     ap.add_argument("--model", type=Path, help="GGUF file (default: the embedded Gemma 3 270M)")
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=3, help="passes over the prompt set")
-    ap.add_argument("--temperature", type=float, default=0.0,
-                    help="0 = greedy; > 0 samples (top-k 40, top-p 0.95) on both sides")
+    ap.add_argument(
+        "--temperature", type=float, default=0.0, help="0 = greedy; > 0 samples (top-k 40, top-p 0.95) on both sides"
+    )
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 2)
     ap.add_argument("--json", type=Path, help="write the raw results here")
     args = ap.parse_args()
@@ -122,8 +142,9 @@ def main() -> None:
     try:
         client = DaemonClient(url, timeout=300)
         model_id = client.request("GET", "/v1/models").json()["data"][0]["id"]
-        llm = Llama(model_path=str(model), n_ctx=4096, n_threads=args.threads, n_threads_batch=args.threads,
-                    verbose=False)
+        llm = Llama(
+            model_path=str(model), n_ctx=4096, n_threads=args.threads, n_threads_batch=args.threads, verbose=False
+        )
         # Warm both (page in weights, first-call allocations).
         timed_anchor(llm, fmt.render([Message(role="user", content="Hi")]).prompt, 8, ["\nUser:"])
         timed_daemon(client, model_id, "Hi", 8)
@@ -136,8 +157,10 @@ def main() -> None:
                 a = timed_anchor(llm, prompt, args.max_tokens, ["\nUser:"], args.temperature)
                 d = timed_daemon(client, model_id, text, args.max_tokens, args.temperature)
                 rows.append({"prompt": i, "round": rnd, "anchor": a, "daemon": d})
-                print(f"{i:2d}/{rnd} anchor {a['tok_s']:6.1f} tok/s ttft {a['ttft_ms']:6.1f} ms | "
-                      f"daemon {d['tok_s']:6.1f} tok/s ttft {d['ttft_ms']:6.1f} ms | tokens {a['tokens']}/{d['tokens']}")
+                print(
+                    f"{i:2d}/{rnd} anchor {a['tok_s']:6.1f} tok/s ttft {a['ttft_ms']:6.1f} ms | "
+                    f"daemon {d['tok_s']:6.1f} tok/s ttft {d['ttft_ms']:6.1f} ms | tokens {a['tokens']}/{d['tokens']}"
+                )
     finally:
         proc.terminate()
         proc.wait(30)
@@ -149,21 +172,30 @@ def main() -> None:
 
     med = lambda side, key: statistics.median(r[side][key] for r in rows)  # noqa: E731
     summary = {
-        "anchor_tok_s": pooled("anchor"), "daemon_tok_s": pooled("daemon"),
-        "anchor_ttft_ms": med("anchor", "ttft_ms"), "daemon_ttft_ms": med("daemon", "ttft_ms"),
+        "anchor_tok_s": pooled("anchor"),
+        "daemon_tok_s": pooled("daemon"),
+        "anchor_ttft_ms": med("anchor", "ttft_ms"),
+        "daemon_ttft_ms": med("daemon", "ttft_ms"),
         "throughput_ratio": pooled("daemon") / pooled("anchor"),
         "added_ttft_ms": statistics.median(r["daemon"]["ttft_ms"] - r["anchor"]["ttft_ms"] for r in rows),
-        "threads": args.threads, "temperature": args.temperature, "max_tokens": args.max_tokens,
-        "requests": len(rows), "model": str(model),
+        "threads": args.threads,
+        "temperature": args.temperature,
+        "max_tokens": args.max_tokens,
+        "requests": len(rows),
+        "model": str(model),
     }
     print()
     print(f"temperature {args.temperature}, {len(rows)} requests, {args.threads} threads")
     print("| | raw llama-cpp-python | clawd daemon (HTTP, SSE) | ratio / delta | goal |")
     print("|---|---|---|---|---|")
-    print(f"| stream tok/s (pooled) | {summary['anchor_tok_s']:.1f} | {summary['daemon_tok_s']:.1f} | "
-          f"{summary['throughput_ratio']:.3f}x | >= 0.97x |")
-    print(f"| TTFT ms (median) | {summary['anchor_ttft_ms']:.1f} | {summary['daemon_ttft_ms']:.1f} | "
-          f"+{summary['added_ttft_ms']:.1f} ms | <= 15 ms |")
+    print(
+        f"| stream tok/s (pooled) | {summary['anchor_tok_s']:.1f} | {summary['daemon_tok_s']:.1f} | "
+        f"{summary['throughput_ratio']:.3f}x | >= 0.97x |"
+    )
+    print(
+        f"| TTFT ms (median) | {summary['anchor_ttft_ms']:.1f} | {summary['daemon_ttft_ms']:.1f} | "
+        f"+{summary['added_ttft_ms']:.1f} ms | <= 15 ms |"
+    )
     if args.json:
         args.json.write_text(json.dumps({"summary": summary, "rows": rows}, indent=2))
 

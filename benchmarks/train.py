@@ -94,9 +94,10 @@ class Bench:
         self.samples, self.prep = {}, {}
         t0 = time.perf_counter()
         for n in lengths:
-            prompt, response = ids[: n // 2], ids[n // 2: n]
-            self.samples[n] = Sample(f"bench-{n}", prompt, response, reward=1,
-                                     teacher_prompt_ids=prompt[:1] + hint + prompt[1:])
+            prompt, response = ids[: n // 2], ids[n // 2 : n]
+            self.samples[n] = Sample(
+                f"bench-{n}", prompt, response, reward=1, teacher_prompt_ids=prompt[:1] + hint + prompt[1:]
+            )
             # The trainer's own preparation (π_old, top-k, teacher), cached like a job dir's.
             cache = cache_dir / "bench-train" / f"prepared-{n}.npz"
             cache.parent.mkdir(parents=True, exist_ok=True)
@@ -118,8 +119,14 @@ class Bench:
         weights = LossWeights(rl=self.settings.w_rl, opd=self.settings.w_opd)
         with _response_logprobs(loss, checkpoint=checkpoint):
             t0 = time.perf_counter()
-            train(self.lm.model, iter([[0]]), lambda _: sample_loss(self.lm, self.samples[n], self.prep[n], weights),
-                  optimizer, self.settings.grad_clip, lambda *_: True)
+            train(
+                self.lm.model,
+                iter([[0]]),
+                lambda _: sample_loss(self.lm, self.samples[n], self.prep[n], weights),
+                optimizer,
+                self.settings.grad_clip,
+                lambda *_: True,
+            )
             return time.perf_counter() - t0
 
     def mlx_lm_step(self, n: int, optimizer) -> float:
@@ -159,10 +166,16 @@ def _versions(choice) -> dict:
 
     from clawd.training.blas import matmul_gflops
 
-    return {"blas": choice.name, "blas_detail": choice.detail, "matmul_gflops": round(matmul_gflops(), 1),
-            "mlx": mx.__version__, "mlx_lm": version("mlx-lm"), "numpy": version("numpy"),
-            "scipy_openblas32": version("scipy-openblas32") if choice.name == "openblas" else None,
-            "python": platform.python_version()}
+    return {
+        "blas": choice.name,
+        "blas_detail": choice.detail,
+        "matmul_gflops": round(matmul_gflops(), 1),
+        "mlx": mx.__version__,
+        "mlx_lm": version("mlx-lm"),
+        "numpy": version("numpy"),
+        "scipy_openblas32": version("scipy-openblas32") if choice.name == "openblas" else None,
+        "python": platform.python_version(),
+    }
 
 
 def child_compare(model: Path, cache: Path, rounds: int) -> dict:
@@ -171,9 +184,11 @@ def child_compare(model: Path, cache: Path, rounds: int) -> dict:
 
     choice = blas.enable(cache)
     bench = Bench(model, cache, list(LENGTHS))
-    variants = {"clawd": lambda n, o: bench.clawd_step(n, o),
-                "clawd_ckpt": lambda n, o: bench.clawd_step(n, o, checkpoint=True),
-                "mlx_lm": bench.mlx_lm_step}
+    variants = {
+        "clawd": lambda n, o: bench.clawd_step(n, o),
+        "clawd_ckpt": lambda n, o: bench.clawd_step(n, o, checkpoint=True),
+        "mlx_lm": bench.mlx_lm_step,
+    }
     out = {"env": _versions(choice), "load_s": bench.load_s, "prepare_s": bench.prepare_s, "lengths": {}}
     for n in LENGTHS:
         opts = {name: bench.optimizer() for name in variants}
@@ -183,10 +198,15 @@ def child_compare(model: Path, cache: Path, rounds: int) -> dict:
         for _ in range(rounds):
             for name, step in variants.items():
                 times[name].append(step(n, opts[name]))
-        out["lengths"][n] = {name: {"median_s": statistics.median(t), "runs_s": t, "tok_s": n / statistics.median(t)}
-                             for name, t in times.items()}
-        print(json.dumps({"progress": n, **{k: round(v["median_s"], 2) for k, v in out["lengths"][n].items()}}),
-              file=sys.stderr, flush=True)
+        out["lengths"][n] = {
+            name: {"median_s": statistics.median(t), "runs_s": t, "tok_s": n / statistics.median(t)}
+            for name, t in times.items()
+        }
+        print(
+            json.dumps({"progress": n, **{k: round(v["median_s"], 2) for k, v in out["lengths"][n].items()}}),
+            file=sys.stderr,
+            flush=True,
+        )
     return out
 
 
@@ -199,9 +219,15 @@ def child_step(model: Path, cache: Path, n: int, stock: bool) -> dict:
     opt = bench.optimizer()
     warmup_s = bench.clawd_step(WARMUP_TOKENS, opt)
     step_s = bench.clawd_step(n, opt)
-    return {"env": _versions(choice), "tokens": n, "step_s": step_s, "warmup_s": warmup_s,
-            "load_s": bench.load_s, "prepare_s": bench.prepare_s,
-            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+    return {
+        "env": _versions(choice),
+        "tokens": n,
+        "step_s": step_s,
+        "warmup_s": warmup_s,
+        "load_s": bench.load_s,
+        "prepare_s": bench.prepare_s,
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    }
 
 
 # ---- parent side: no mlx here; each configuration in its own process ----------------------------
@@ -209,8 +235,9 @@ def child_step(model: Path, cache: Path, n: int, stock: bool) -> dict:
 
 def run_child(*args: str, timeout: float = 900) -> dict:
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, __file__, "--child", *args], capture_output=True, text=True,
-                          cwd=ROOT, timeout=timeout)
+    proc = subprocess.run(
+        [sys.executable, __file__, "--child", *args], capture_output=True, text=True, cwd=ROOT, timeout=timeout
+    )
     if proc.returncode != 0:
         raise SystemExit(f"child {' '.join(args)} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
     out = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -259,22 +286,33 @@ def main() -> None:
 def report(compare: dict, fast: dict, stock: dict | None, big: dict, total_s: float, args) -> None:
     env = compare["env"]
     summary: dict = {"env": env, "rounds": args.rounds, "total_s": round(total_s, 1), "lengths": {}}
-    print(f"mlx {env['mlx']}, mlx-lm {env['mlx_lm']}, numpy {env['numpy']}, python {env['python']}; "
-          f"BLAS {env['blas']} ({env['blas_detail']}), {env['matmul_gflops']} GFLOP/s")
+    print(
+        f"mlx {env['mlx']}, mlx-lm {env['mlx_lm']}, numpy {env['numpy']}, python {env['python']}; "
+        f"BLAS {env['blas']} ({env['blas_detail']}), {env['matmul_gflops']} GFLOP/s"
+    )
     print(f"median of {args.rounds} steps after one warm-up; tok/s = prompt+response tokens / step s")
     print()
     print("| tokens | mlx-lm SFT (anchor) | clawd hybrid | ratio | clawd, checkpoint=True | ratio | goal |")
     print("|---|---|---|---|---|---|---|")
     for n, r in compare["lengths"].items():
         a, c, k = r["mlx_lm"], r["clawd"], r["clawd_ckpt"]
-        row = {"mlx_lm_s": a["median_s"], "clawd_s": c["median_s"], "clawd_ckpt_s": k["median_s"],
-               "mlx_lm_tok_s": a["tok_s"], "clawd_tok_s": c["tok_s"], "clawd_ckpt_tok_s": k["tok_s"],
-               "ratio": c["tok_s"] / a["tok_s"], "ratio_ckpt": k["tok_s"] / a["tok_s"],
-               "runs_s": {name: v["runs_s"] for name, v in r.items()}}
+        row = {
+            "mlx_lm_s": a["median_s"],
+            "clawd_s": c["median_s"],
+            "clawd_ckpt_s": k["median_s"],
+            "mlx_lm_tok_s": a["tok_s"],
+            "clawd_tok_s": c["tok_s"],
+            "clawd_ckpt_tok_s": k["tok_s"],
+            "ratio": c["tok_s"] / a["tok_s"],
+            "ratio_ckpt": k["tok_s"] / a["tok_s"],
+            "runs_s": {name: v["runs_s"] for name, v in r.items()},
+        }
         summary["lengths"][n] = row
-        print(f"| {n} | {a['tok_s']:.1f} tok/s ({a['median_s']:.2f} s) | {c['tok_s']:.1f} tok/s ({c['median_s']:.2f} s) "
-              f"| {row['ratio']:.2f}x | {k['tok_s']:.1f} tok/s ({k['median_s']:.2f} s) | {row['ratio_ckpt']:.2f}x "
-              f"| >= 1.0x |")
+        print(
+            f"| {n} | {a['tok_s']:.1f} tok/s ({a['median_s']:.2f} s) | {c['tok_s']:.1f} tok/s ({c['median_s']:.2f} s) "
+            f"| {row['ratio']:.2f}x | {k['tok_s']:.1f} tok/s ({k['median_s']:.2f} s) | {row['ratio_ckpt']:.2f}x "
+            f"| >= 1.0x |"
+        )
     print()
     summary["step_256_fast_s"] = fast["step_s"]
     if stock is not None:
@@ -283,13 +321,17 @@ def report(compare: dict, fast: dict, stock: dict | None, big: dict, total_s: fl
         summary["stock_gflops"] = stock["env"]["matmul_gflops"]
         print("| clawd step, 256 tokens | stock BLAS | clawd's BLAS | ratio | goal |")
         print("|---|---|---|---|---|")
-        print(f"| one step after a {WARMUP_TOKENS}-token warm-up | {stock['step_s']:.1f} s "
-              f"({stock['env']['matmul_gflops']} GFLOP/s) | {fast['step_s']:.2f} s ({fast['env']['matmul_gflops']} GFLOP/s) "
-              f"| {summary['blas_ratio']:.1f}x | >= 10x |")
+        print(
+            f"| one step after a {WARMUP_TOKENS}-token warm-up | {stock['step_s']:.1f} s "
+            f"({stock['env']['matmul_gflops']} GFLOP/s) | {fast['step_s']:.2f} s ({fast['env']['matmul_gflops']} GFLOP/s) "
+            f"| {summary['blas_ratio']:.1f}x | >= 10x |"
+        )
         print()
     summary["peak_rss_mb"] = {256: fast["peak_rss_mb"], 512: big["peak_rss_mb"]}
-    print(f"peak RSS of a clawd training child (load + prepare + step): 256 tokens {fast['peak_rss_mb']:.0f} MB, "
-          f"512 tokens {big['peak_rss_mb']:.0f} MB")
+    print(
+        f"peak RSS of a clawd training child (load + prepare + step): 256 tokens {fast['peak_rss_mb']:.0f} MB, "
+        f"512 tokens {big['peak_rss_mb']:.0f} MB"
+    )
     summary["children"] = {"compare": compare, "step_fast_256": fast, "step_stock_256": stock, "step_fast_512": big}
     print(f"total {total_s:.0f} s")
     line = json.dumps(summary)

@@ -62,8 +62,14 @@ def measure(cmd: list[str], env: dict) -> float:
 
 def start_daemon(home: str) -> tuple[subprocess.Popen, str]:
     env = {**os.environ, "CLAWD_HOME": home, "CLAWD_MINING_ENABLED": "0"}
-    proc = subprocess.Popen([sys.executable, "-m", "clawd.cli", "serve", "--engine", "fake", "--port", "0"],
-                            env=env, cwd=ROOT, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "clawd.cli", "serve", "--engine", "fake", "--port", "0"],
+        env=env,
+        cwd=ROOT,
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        text=True,
+    )
     for line in proc.stderr:
         m = re.search(r"at (http://[\d.]+:\d+)/v1", line)
         if m:
@@ -98,8 +104,10 @@ def main() -> None:
     for name, s in med.items():
         print(f"  {name:<26} {s * 1000:7.0f} ms   {s / anchor:5.2f}x the bare Textual app")
     tui = med["clawd TUI (Chat screen)"]
-    print(f"goal < 1000 ms: {'met' if tui < 1.0 else 'NOT met'} ({tui * 1000:.0f} ms; "
-          f"{(tui - anchor) * 1000:+.0f} ms over the bare app)")
+    print(
+        f"goal < 1000 ms: {'met' if tui < 1.0 else 'NOT met'} ({tui * 1000:.0f} ms; "
+        f"{(tui - anchor) * 1000:+.0f} ms over the bare app)"
+    )
 
 
 if __name__ == "__main__":

@@ -42,8 +42,12 @@ def live_check(probe: dict, served_delta: np.ndarray) -> tuple[bool, dict]:
     corr = float(np.corrcoef(served, mlx_delta)[0, 1]) if served.std() > 0 and mlx_delta.std() > 0 else 0.0
     moved = float(np.abs(served).max()) > 1e-4
     ok = moved and (corr >= 0.5 or err <= 0.02 + 0.25 * size)
-    return ok, {"served_mean_abs": float(np.abs(served).mean()), "mlx_mean_abs": size,
-                "mean_abs_err": err, "corr": corr}
+    return ok, {
+        "served_mean_abs": float(np.abs(served).mean()),
+        "mlx_mean_abs": size,
+        "mean_abs_err": err,
+        "corr": corr,
+    }
 
 
 def served_artifact(path: Path, base_model: Path) -> Path:
@@ -104,8 +108,9 @@ class Registry:
                     log.warning("adapter %s not registered: %s", d.name, e)
         rec = await rows.active(self.db)
         if rec is not None and rec.model != self.model.model_id:
-            log.warning("adapter %s is for %s, but %s is served: serving the base model", rec.id, rec.model,
-                        self.model.model_id)
+            log.warning(
+                "adapter %s is for %s, but %s is served: serving the base model", rec.id, rec.model, self.model.model_id
+            )
             await rows.activate(self.db, None, previous_id=None, note=f"the served model is now {self.model.model_id}")
             rec = None
         # Put the active adapter back on, verified; one that fails falls back down its rollback chain.
@@ -120,8 +125,9 @@ class Registry:
                 prev = await rows.get(self.db, rec.previous_id) if rec.previous_id else None
                 if prev is not None and (prev.forgotten or prev.model != self.model.model_id):
                     prev = None
-                await rows.activate(self.db, prev.id if prev else None,
-                                    previous_id=prev.previous_id if prev else None, note=None)
+                await rows.activate(
+                    self.db, prev.id if prev else None, previous_id=prev.previous_id if prev else None, note=None
+                )
                 rec = prev
         # The daemon died between the trainer finishing and the promotion: finish the promotion.
         for cand in stranded:
@@ -143,10 +149,18 @@ class Registry:
             raise AdapterError(f"adapter {path.name} refused: unreadable meta.json ({e!r})") from e
         gate = meta.get("gate", {})
         rec = rows.AdapterRecord(
-            id=adapter_id, path=str(path), model=model, parent_id=meta.get("parent_id"),
-            signals=meta.get("signals", []), holdout=meta.get("holdout", []), metrics=meta.get("metrics", {}),
-            gate=gate, status="candidate" if gate.get("passed") else "rejected",
-            note=None if gate.get("passed") else "failed the eval gate", created_at=meta.get("created_at", 0.0))
+            id=adapter_id,
+            path=str(path),
+            model=model,
+            parent_id=meta.get("parent_id"),
+            signals=meta.get("signals", []),
+            holdout=meta.get("holdout", []),
+            metrics=meta.get("metrics", {}),
+            gate=gate,
+            status="candidate" if gate.get("passed") else "rejected",
+            note=None if gate.get("passed") else "failed the eval gate",
+            created_at=meta.get("created_at", 0.0),
+        )
         if await rows.get(self.db, rec.id) is None:
             await rows.insert(self.db, rec)
         return await rows.get(self.db, rec.id)
@@ -166,8 +180,11 @@ class Registry:
                 await self._usable(adapter_id)
             if (current.id if current else None) == adapter_id:
                 return current
-            await self._activate(adapter_id, previous_id=current.id if current else None,
-                                 note=f"replaced by {adapter_id or 'the base model'}")
+            await self._activate(
+                adapter_id,
+                previous_id=current.id if current else None,
+                note=f"replaced by {adapter_id or 'the base model'}",
+            )
             return await rows.get(self.db, adapter_id) if adapter_id else None
 
     async def rollback(self) -> rows.AdapterRecord | None:
@@ -180,8 +197,11 @@ class Registry:
             prev = await rows.get(self.db, target) if target else None
             if prev is not None and prev.forgotten:
                 target, prev = None, None
-            await self._activate(target, previous_id=prev.previous_id if prev else None,
-                                 note=f"rolled back to {target or 'the base model'}")
+            await self._activate(
+                target,
+                previous_id=prev.previous_id if prev else None,
+                note=f"rolled back to {target or 'the base model'}",
+            )
             return prev
 
     async def _activate(self, adapter_id: str | None, *, previous_id: str | None, note: str | None) -> None:
@@ -236,8 +256,10 @@ class Registry:
         ok, check = live_check(probe, with_adapter.logprobs - base.logprobs)
         if not ok:
             await runner.call(self.engine.unload_adapter, rec.id)
-            raise AdapterError(f"adapter {rec.id} failed the live check: the served log-probs do not move as "
-                               f"the trainer predicted ({check}); it was not activated")
+            raise AdapterError(
+                f"adapter {rec.id} failed the live check: the served log-probs do not move as "
+                f"the trainer predicted ({check}); it was not activated"
+            )
         return check
 
     async def retire_forgotten(self) -> list[str]:
@@ -281,9 +303,11 @@ class Registry:
         if fmt not in ("gguf", "mlx", "peft"):
             raise AdapterError(f"unknown export format {fmt!r}: use mlx, gguf or peft")
         if fmt == "gguf" and not has_gguf:
-            raise AdapterError(f"adapter {adapter_id} has no GGUF form (an adapter trained on an MLX model directory "
-                               "has none): export it with --format mlx or --format peft (llama.cpp's "
-                               "convert_lora_to_gguf.py turns PEFT into GGUF)")
+            raise AdapterError(
+                f"adapter {adapter_id} has no GGUF form (an adapter trained on an MLX model directory "
+                "has none): export it with --format mlx or --format peft (llama.cpp's "
+                "convert_lora_to_gguf.py turns PEFT into GGUF)"
+            )
         out = Path(out).expanduser()
         try:
             if fmt == "gguf":
@@ -298,5 +322,7 @@ class Registry:
 
                 mlx_to_peft(src, out, base_model=rec.model)
         except OSError as e:
-            raise AdapterError(f"could not export {adapter_id} to {out}: {e.strerror or e}; pick a writable path") from e
+            raise AdapterError(
+                f"could not export {adapter_id} to {out}: {e.strerror or e}; pick a writable path"
+            ) from e
         return fmt, out

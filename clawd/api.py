@@ -83,6 +83,7 @@ class ApiState:
         if self.scheduler is None:
             raise NotFound(f"training is not available: {self.training_off or 'training is off'}")
         return self.scheduler
+
     started: float = field(default_factory=time.time)
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -119,8 +120,9 @@ def authorize(request: Request, state: State) -> None:
     header = request.headers.get("authorization", "")
     scheme, _, given = header.partition(" ")
     if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip(), state.token):
-        raise AuthError("Incorrect API key provided: send 'Authorization: Bearer <token>' "
-                        "with the token from `clawd token`.")
+        raise AuthError(
+            "Incorrect API key provided: send 'Authorization: Bearer <token>' with the token from `clawd token`."
+        )
 
 
 openai = APIRouter(tags=["openai"])
@@ -131,8 +133,9 @@ training = APIRouter(prefix="/clawd/training", tags=["training"])
 
 
 def create_app(state: ApiState) -> FastAPI:
-    app = FastAPI(title="clawd", version=__version__,
-                  description="A local agent daemon that learns from your conversations.")
+    app = FastAPI(
+        title="clawd", version=__version__, description="A local agent daemon that learns from your conversations."
+    )
     app.state.clawd = state
     app.add_exception_handler(ClawdError, _clawd_error)
     app.add_exception_handler(RequestValidationError, _invalid)
@@ -175,8 +178,11 @@ async def chat_completions(req: ChatCompletionRequest, request: Request, state: 
     headers = {"X-Clawd-Turn-Id": ts.id, "X-Clawd-Session-Id": ts.session_id}
     if req.stream:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        return StreamingResponse(_sse(ts, include_usage), media_type="text/event-stream",
-                                 headers={**headers, "Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        return StreamingResponse(
+            _sse(ts, include_usage),
+            media_type="text/event-stream",
+            headers={**headers, "Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
     # uvicorn does not cancel a plain handler when its client goes, so watch for that
     # while the turn runs: a reply nobody will read is cancelled, not generated in full.
     collect = asyncio.ensure_future(_collect(ts))
@@ -191,9 +197,18 @@ async def chat_completions(req: ChatCompletionRequest, request: Request, state: 
     if ts.error:
         raise ts.error
     body = {
-        "id": ts.id, "object": "chat.completion", "created": ts.created, "model": ts.model,
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
-                     "logprobs": None, "finish_reason": _openai_finish(ts.finish_reason)}],
+        "id": ts.id,
+        "object": "chat.completion",
+        "created": ts.created,
+        "model": ts.model,
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": text},
+                "logprobs": None,
+                "finish_reason": _openai_finish(ts.finish_reason),
+            }
+        ],
         "usage": ts.usage.model_dump(),
     }
     return JSONResponse(body, headers=headers)
@@ -223,14 +238,24 @@ async def health():
 async def status(state: State):
     info, runner = state.model.info, state.model.runner
     return Status(
-        version=__version__, pid=os.getpid(), uptime_s=round(time.time() - state.started, 1),
-        host=state.host, port=state.port, model=info.id, model_path=str(info.path),
-        engine=state.model.engine.name, architecture=info.architecture, n_ctx=info.n_ctx,
-        chat_format=state.model.format.name, active_adapter=state.model.active_adapter,
-        busy=runner.busy, queued=runner.queued,
+        version=__version__,
+        pid=os.getpid(),
+        uptime_s=round(time.time() - state.started, 1),
+        host=state.host,
+        port=state.port,
+        model=info.id,
+        model_path=str(info.path),
+        engine=state.model.engine.name,
+        architecture=info.architecture,
+        n_ctx=info.n_ctx,
+        chat_format=state.model.format.name,
+        active_adapter=state.model.active_adapter,
+        busy=runner.busy,
+        queued=runner.queued,
         turns=await turns.count_turns(state.db),
         sessions=await turns.count_sessions(state.db),
-        db_path=str(state.db.path), home=state.home,
+        db_path=str(state.db.path),
+        home=state.home,
         signals=await signals.counts(state.db),
         miner=_miner_status(state.miner),
         training=state.scheduler.status.public() if state.scheduler is not None else None,
@@ -322,8 +347,17 @@ async def forget(session_id: str, state: State):
 @history.get("/sessions", response_model=list[SessionSummary])
 async def list_sessions(state: State, limit: int = 100):
     rows = await turns.list_sessions(state.db, limit=limit)
-    return [SessionSummary(id=r["id"], created_at=r["created_at"], updated_at=r["updated_at"],
-                           title=r["title"], turns=r["turn_count"], done=bool(r["done"])) for r in rows]
+    return [
+        SessionSummary(
+            id=r["id"],
+            created_at=r["created_at"],
+            updated_at=r["updated_at"],
+            title=r["title"],
+            turns=r["turn_count"],
+            done=bool(r["done"]),
+        )
+        for r in rows
+    ]
 
 
 @history.get("/sessions/{session_id}/turns", response_model=list[TurnSummary])
@@ -345,8 +379,10 @@ async def get_turn(turn_id: str, state: State):
 
 @adapters.get("", response_model=AdapterList)
 async def list_adapters(state: State):
-    return AdapterList(active=state.model.active_adapter,
-                       adapters=[AdapterView(**r.public()) for r in await adapter_rows.list_all(state.db)])
+    return AdapterList(
+        active=state.model.active_adapter,
+        adapters=[AdapterView(**r.public()) for r in await adapter_rows.list_all(state.db)],
+    )
 
 
 @adapters.post("/rollback", response_model=ActiveAdapter)
@@ -382,8 +418,9 @@ async def compare_adapter(adapter_id: str, state: State, n: int = 3, max_tokens:
     in the background (user requests come first; nothing is logged as a turn)."""
     if not 1 <= n <= 10 or not 1 <= max_tokens <= 1024:
         raise InvalidRequest("n must be 1-10 and max_tokens 1-1024", param="n" if not 1 <= n <= 10 else "max_tokens")
-    return await review.side_by_side(state.db, state.model, state.need_registry(), adapter_id, n=n,
-                                     max_tokens=max_tokens)
+    return await review.side_by_side(
+        state.db, state.model, state.need_registry(), adapter_id, n=n, max_tokens=max_tokens
+    )
 
 
 @adapters.post("/{adapter_id}/export")
@@ -393,7 +430,7 @@ async def export_adapter(adapter_id: str, request: Request, state: State):
     try:
         body = await request.json()
     except ValueError:
-        raise InvalidRequest("send a JSON body {\"format\": ..., \"path\": ...}") from None
+        raise InvalidRequest('send a JSON body {"format": ..., "path": ...}') from None
     if not isinstance(body, dict) or not isinstance(body.get("path"), str):
         raise InvalidRequest("'path' (a string) is required", param="path")
     fmt = body.get("format")
@@ -435,17 +472,32 @@ def _miner_status(miner) -> dict | None:
     if miner is None:
         return None
     st = miner.status
-    return {"judge": st.judge, "hint_judge": st.hint_judge, "judge_error": st.judge_error,
-            "judge_error_at": st.judge_error_at, "mined": st.mined, "busy": st.busy_since is not None}
+    return {
+        "judge": st.judge,
+        "hint_judge": st.hint_judge,
+        "judge_error": st.judge_error,
+        "judge_error_at": st.judge_error_at,
+        "mined": st.mined,
+        "busy": st.busy_since is not None,
+    }
 
 
 def _summary(r: turns.TurnRecord) -> TurnSummary:
     return TurnSummary(
-        id=r.id, session_id=r.session_id, turn_type=r.turn_type, created_at=r.created_at,
-        request_messages=r.request.get("messages", []), response_text=r.response_text,
-        finish_reason=r.finish_reason, prompt_tokens=len(r.prompt_ids),
-        completion_tokens=len(r.response_ids), engine=r.engine, model=r.model,
-        adapter_id=r.adapter_id, requery_of=r.requery_of, timings=r.timings,
+        id=r.id,
+        session_id=r.session_id,
+        turn_type=r.turn_type,
+        created_at=r.created_at,
+        request_messages=r.request.get("messages", []),
+        response_text=r.response_text,
+        finish_reason=r.finish_reason,
+        prompt_tokens=len(r.prompt_ids),
+        completion_tokens=len(r.response_ids),
+        engine=r.engine,
+        model=r.model,
+        adapter_id=r.adapter_id,
+        requery_of=r.requery_of,
+        timings=r.timings,
     )
 
 
@@ -482,8 +534,9 @@ async def _sse(ts: TurnStream, include_usage: bool):
     extra = {"usage": None} if include_usage else {}
 
     def chunk(delta: dict, finish: str | None = None) -> str:
-        return _event({**head, "choices": [{"index": 0, "delta": delta, "logprobs": None,
-                                            "finish_reason": finish}], **extra})
+        return _event(
+            {**head, "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}], **extra}
+        )
 
     try:
         yield chunk({"role": "assistant", "content": ""})

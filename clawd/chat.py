@@ -61,23 +61,28 @@ class TurnStream:
 
     @property
     def usage(self) -> Usage:
-        return Usage(prompt_tokens=self.prompt_tokens, completion_tokens=self.completion_tokens,
-                     total_tokens=self.prompt_tokens + self.completion_tokens)
+        return Usage(
+            prompt_tokens=self.prompt_tokens,
+            completion_tokens=self.completion_tokens,
+            total_tokens=self.prompt_tokens + self.completion_tokens,
+        )
 
 
 class ChatService:
     """Turns: attribute, generate on the served model, stream out, log one row each."""
 
-    def __init__(self, model: ServedModel, db: Database, defaults: GenerationSettings,
-                 on_turn: Callable[[], None] = lambda: None):
+    def __init__(
+        self, model: ServedModel, db: Database, defaults: GenerationSettings, on_turn: Callable[[], None] = lambda: None
+    ):
         self.model = model
         self.db = db
         self.defaults = defaults  # replaced by a config reload; read afresh by every request
         self.on_turn = on_turn  # the miner's wake-up call
         self._running: dict[asyncio.Task, TurnStream] = {}
 
-    async def start(self, req: ChatCompletionRequest, headers: Mapping[str, str],
-                    client: str | None = None) -> TurnStream:
+    async def start(
+        self, req: ChatCompletionRequest, headers: Mapping[str, str], client: str | None = None
+    ) -> TurnStream:
         """Validate, attribute and begin a turn. Raises ClawdError (4xx) before any
         token is produced, so the caller can still answer with a plain error."""
         model = self.model
@@ -85,8 +90,11 @@ class ChatService:
             raise ModelNotFound(req.model)
         rendered, prompt_ids = model.prompt(req.messages, req.tools)
         n_ctx = model.info.n_ctx
-        model.check_context(len(prompt_ids), f"This model's maximum context length is {n_ctx} tokens. "
-                            f"However, your messages resulted in {len(prompt_ids)} tokens. Shorten the messages.")
+        model.check_context(
+            len(prompt_ids),
+            f"This model's maximum context length is {n_ctx} tokens. "
+            f"However, your messages resulted in {len(prompt_ids)} tokens. Shorten the messages.",
+        )
         who = await sessions.attribute(self.db, req, headers)
         d = self.defaults
         params = SamplingParams(
@@ -95,8 +103,13 @@ class ChatService:
             top_p=d.top_p if req.top_p is None else req.top_p,
             seed=req.seed,
         )
-        ts = TurnStream(id="chatcmpl-" + uuid.uuid4().hex[:24], created=int(time.time()),
-                        model=model.model_id, prompt_tokens=len(prompt_ids), session_id=who.session_id)
+        ts = TurnStream(
+            id="chatcmpl-" + uuid.uuid4().hex[:24],
+            created=int(time.time()),
+            model=model.model_id,
+            prompt_tokens=len(prompt_ids),
+            session_id=who.session_id,
+        )
         job = _TurnJob(self, ts, req, who, rendered, prompt_ids, params, client)
         task = asyncio.create_task(job.run(), name=f"turn-{ts.id}")
         ts.recorded = task
@@ -175,11 +188,18 @@ class _TurnJob:
         if finish == "error" and not ids:
             return  # nothing was sampled: nothing to learn from or to show
         gen_s = (t_end - t_first) if t_first else 0.0
-        await self._record(ids, logprobs, "".join(text), finish, adapter, {
-            "ttft_ms": round(((t_first or t_end) - t_start) * 1000, 2),
-            "total_ms": round((t_end - t_start) * 1000, 2),
-            "completion_tok_per_s": round((len(ids) - 1) / gen_s, 2) if gen_s > 0 and len(ids) > 1 else None,
-        })
+        await self._record(
+            ids,
+            logprobs,
+            "".join(text),
+            finish,
+            adapter,
+            {
+                "ttft_ms": round(((t_first or t_end) - t_start) * 1000, 2),
+                "total_ms": round((t_end - t_start) * 1000, 2),
+                "completion_tok_per_s": round((len(ids) - 1) / gen_s, 2) if gen_s > 0 and len(ids) > 1 else None,
+            },
+        )
 
     async def _record(self, ids, logprobs, response_text, finish, adapter, timings) -> None:
         svc, req, who = self.svc, self.req, self.who
@@ -187,8 +207,10 @@ class _TurnJob:
             id=self.ts.id,
             session_id=who.session_id,
             turn_type=who.turn_type,
-            request={"messages": [m.model_dump(exclude_none=True) for m in req.messages],
-                     **({"tools": req.tools} if req.tools else {})},
+            request={
+                "messages": [m.model_dump(exclude_none=True) for m in req.messages],
+                **({"tools": req.tools} if req.tools else {}),
+            },
             request_hash=sessions.messages_hash(req.messages),
             continuation_hash=sessions.continuation_hash(req.messages, response_text),
             prompt_text=self.rendered.prompt,
@@ -197,8 +219,13 @@ class _TurnJob:
             response_logprobs=logprobs,
             response_text=response_text,
             finish_reason=finish,
-            sampling={"max_tokens": self.params.max_tokens, "temperature": self.params.temperature,
-                      "top_p": self.params.top_p, "seed": self.params.seed, "stop": req.stop_list()},
+            sampling={
+                "max_tokens": self.params.max_tokens,
+                "temperature": self.params.temperature,
+                "top_p": self.params.top_p,
+                "seed": self.params.seed,
+                "stop": req.stop_list(),
+            },
             engine=svc.model.engine.name,
             model=svc.model.model_id,
             chat_format=svc.model.format.name,

@@ -31,8 +31,9 @@ def _setup(args) -> tuple[Settings, Paths]:
     ensure_dirs(paths)
     write_default_config(paths.config_file)
     settings = load_settings(paths.config_file, os.environ, _overrides(args))
-    logging.basicConfig(level=settings.log_level.upper(), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=settings.log_level.upper(), stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     for warning in paths.warnings:
         logging.getLogger("clawd").warning(warning)
     return settings, paths
@@ -47,12 +48,14 @@ def cmd_serve(args) -> int:
     engine = models.load_engine(settings.model, choice, top_k=settings.generation.top_k, cache_dir=paths.cache_dir)
 
     def ready(state, _server):
-        print(f"clawd: serving {state.model.model_id} at http://{settings.server.host}:{state.port}/v1 "
-              f"(Ctrl-C to stop)", file=sys.stderr, flush=True)
+        print(
+            f"clawd: serving {state.model.model_id} at http://{settings.server.host}:{state.port}/v1 (Ctrl-C to stop)",
+            file=sys.stderr,
+            flush=True,
+        )
 
     # The same layers again on every config.toml change (live reload).
-    asyncio.run(daemon.serve(settings, paths, engine, on_ready=ready, env=dict(os.environ),
-                             overrides=_overrides(args)))
+    asyncio.run(daemon.serve(settings, paths, engine, on_ready=ready, env=dict(os.environ), overrides=_overrides(args)))
     return 0
 
 
@@ -70,8 +73,13 @@ def cmd_chat(args) -> int:
     def start_daemon() -> None:
         paths.log_dir.mkdir(parents=True, exist_ok=True)
         with open(paths.log_dir / "daemon.log", "ab") as log_file:
-            subprocess.Popen([sys.executable, "-m", "clawd.cli", "serve"], stdin=subprocess.DEVNULL,
-                             stdout=log_file, stderr=log_file, start_new_session=True)  # outlives the TUI
+            subprocess.Popen(
+                [sys.executable, "-m", "clawd.cli", "serve"],
+                stdin=subprocess.DEVNULL,
+                stdout=log_file,
+                stderr=log_file,
+                start_new_session=True,
+            )  # outlives the TUI
 
     ClawdApp(DaemonClient(base_url, token=token), start_daemon=start_daemon).run()
     return 0
@@ -85,8 +93,12 @@ def cmd_status(args) -> int:
         with DaemonClient.configured(settings, paths) as c:
             status = c.get("/clawd/status")
     except HTTPError as e:
-        status = {"running": False, "url": f"http://{settings.server.host}:{settings.server.port}",
-                  "reason": str(e) or type(e).__name__, "home": str(paths.config_dir)}
+        status = {
+            "running": False,
+            "url": f"http://{settings.server.host}:{settings.server.port}",
+            "reason": str(e) or type(e).__name__,
+            "home": str(paths.config_dir),
+        }
         if args.json:
             print(json.dumps(status, indent=2))
         else:
@@ -98,10 +110,15 @@ def cmd_status(args) -> int:
         print(json.dumps(status, indent=2))
         return 0
     rows = [
-        ("daemon", f"running, pid {status['pid']}, up {status['uptime_s']:.0f} s, "
-                   f"http://{status['host']}:{status['port']}/v1"),
-        ("model", f"{status['model']} ({status['architecture']}, {status['engine']}, "
-                  f"ctx {status['n_ctx']}, format {status['chat_format']})"),
+        (
+            "daemon",
+            f"running, pid {status['pid']}, up {status['uptime_s']:.0f} s, http://{status['host']}:{status['port']}/v1",
+        ),
+        (
+            "model",
+            f"{status['model']} ({status['architecture']}, {status['engine']}, "
+            f"ctx {status['n_ctx']}, format {status['chat_format']})",
+        ),
         ("model file", status["model_path"]),
         ("adapter", status["active_adapter"] or "none (base model)"),
         ("engine", ("busy" if status["busy"] else "idle") + f", {status['queued']} queued"),
@@ -163,10 +180,15 @@ def _adapter_line(a: dict, active: str | None) -> str:
     gate = a.get("gate") or {}
     gain = gate.get("gain")
     mark = "*" if a["id"] == active else " "
-    gate_txt = (f"gate {'pass' if gate.get('passed') else 'FAIL'} gain {gain:+.4f} KL {gate.get('kl_to_base', 0):.4f}"
-                if gain is not None else "gate -")
-    return (f"{mark} {a['id']}  {a['status']:<9} {len(a.get('signals', []))} signals  {gate_txt}"
-            f"  parent {a.get('parent_id') or 'base'}" + (f"  ({a['note']})" if a.get("note") else ""))
+    gate_txt = (
+        f"gate {'pass' if gate.get('passed') else 'FAIL'} gain {gain:+.4f} KL {gate.get('kl_to_base', 0):.4f}"
+        if gain is not None
+        else "gate -"
+    )
+    return (
+        f"{mark} {a['id']}  {a['status']:<9} {len(a.get('signals', []))} signals  {gate_txt}"
+        f"  parent {a.get('parent_id') or 'base'}" + (f"  ({a['note']})" if a.get("note") else "")
+    )
 
 
 def cmd_adapters(args) -> int:
@@ -195,8 +217,13 @@ def cmd_adapters(args) -> int:
     else:  # export
         if not args.out:
             raise ClawdError("`clawd adapters export` needs --out PATH")
-        out = _daemon_call(args, "POST", f"/clawd/adapters/{args.adapter_id}/export", timeout=120,
-                           json={"format": args.format, "path": str(os.path.abspath(args.out))})
+        out = _daemon_call(
+            args,
+            "POST",
+            f"/clawd/adapters/{args.adapter_id}/export",
+            timeout=120,
+            json={"format": args.format, "path": str(os.path.abspath(args.out))},
+        )
         print(f"exported {out['adapter_id']} as {out['format']} to {out['path']}")
     return 0
 
@@ -210,8 +237,10 @@ def _training_summary(result: dict | None) -> str:
         return f"run {result['job_id']} stopped at step {result['stopped_at']}; the next run resumes it"
     gate = result.get("gate") or {}
     verdict = "promoted and live" if result.get("promoted") else result.get("note", "not promoted")
-    return (f"adapter {result['adapter_id']}: {verdict} (gate gain {gate.get('gain', 0):+.4f} on "
-            f"{gate.get('n', 0)} {gate.get('judged_on', '')} signals, KL to base {gate.get('kl_to_base', 0):.4f})")
+    return (
+        f"adapter {result['adapter_id']}: {verdict} (gate gain {gate.get('gain', 0):+.4f} on "
+        f"{gate.get('n', 0)} {gate.get('judged_on', '')} signals, KL to base {gate.get('kl_to_base', 0):.4f})"
+    )
 
 
 # A run missed overnight fires at login, while clawd.service is still loading its model.
@@ -262,8 +291,13 @@ def cmd_train(args) -> int:
         started = _daemon_call(args, "POST", "/clawd/training")
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-               TimeElapsedColumn(), TextColumn("{task.fields[info]}"))
+    columns = (
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        TimeElapsedColumn(),
+        TextColumn("{task.fields[info]}"),
+    )
     try:
         with Progress(*columns, transient=False) as bar:
             task = bar.add_task(f"job {started['job_id']}", total=None, info="")
@@ -272,15 +306,28 @@ def cmd_train(args) -> int:
                 if st["job_id"] != started["job_id"] or st["state"] in ("idle", "error"):
                     break
                 if st["phase"] == "prepare":
-                    bar.update(task, description="scoring π_old / teacher", completed=st["prepared"],
-                               total=st["samples"] or None, info="")
+                    bar.update(
+                        task,
+                        description="scoring π_old / teacher",
+                        completed=st["prepared"],
+                        total=st["samples"] or None,
+                        info="",
+                    )
                 elif st["phase"] == "train":
                     m = st["metrics"]
-                    info = (f"loss {m.get('loss', 0):+.4f} rl {m.get('rl', 0):+.4f} opd {m.get('opd', 0):+.4f} "
-                            f"r̄ {m.get('reward_mean', 0):+.2f}" if m else "")
-                    bar.update(task, description="training" + (" (paused for a user)" if st["state"] == "paused"
-                                                                else ""),
-                               completed=st["step"], total=st["total"] or None, info=info)
+                    info = (
+                        f"loss {m.get('loss', 0):+.4f} rl {m.get('rl', 0):+.4f} opd {m.get('opd', 0):+.4f} "
+                        f"r̄ {m.get('reward_mean', 0):+.2f}"
+                        if m
+                        else ""
+                    )
+                    bar.update(
+                        task,
+                        description="training" + (" (paused for a user)" if st["state"] == "paused" else ""),
+                        completed=st["step"],
+                        total=st["total"] or None,
+                        info=info,
+                    )
                 else:
                     bar.update(task, description=st["phase"] or "starting")
                 time.sleep(1.0)
@@ -352,10 +399,14 @@ def cmd_models(args) -> int:
     upstream = settings.model.engine == "openai"
     is_dir = not upstream and choice.path.is_dir()  # an MLX/HF model directory (mlx engine)
     present = is_dir or choice.path.is_file()
-    info = {"id": choice.id, "engine": settings.model.engine,
-            "path": settings.model.base_url if upstream else str(choice.path),
-            "embedded": choice.embedded, "present": present,
-            "size_bytes": choice.path.stat().st_size if present and not is_dir else None}
+    info = {
+        "id": choice.id,
+        "engine": settings.model.engine,
+        "path": settings.model.base_url if upstream else str(choice.path),
+        "embedded": choice.embedded,
+        "present": present,
+        "size_bytes": choice.path.stat().st_size if present and not is_dir else None,
+    }
     if is_dir:
         from clawd.model_registry import inspect_model
 
@@ -398,8 +449,10 @@ def _models_action(args, settings: Settings, paths: Paths, env) -> int:
             from clawd.model_pull import pull_model  # the only code that talks to the hub
 
             entry, how = pull_model(paths, args.repo, file=args.file, name=args.as_name, echo=_err)
-        print(f"clawd: {how} {entry.name} ({entry.kind}, {entry.architecture or 'unknown architecture'}, "
-              f"{human_size(entry.size_bytes)}) at {entry.path}")
+        print(
+            f"clawd: {how} {entry.name} ({entry.kind}, {entry.architecture or 'unknown architecture'}, "
+            f"{human_size(entry.size_bytes)}) at {entry.path}"
+        )
         print(f"clawd: serve it with `clawd models use {entry.name}`")
         return 0
     if action == "use":
@@ -426,9 +479,11 @@ def _gguf_summary(path) -> dict:
         return {"error": f"not a readable GGUF file ({e})"}
 
     arch = gguf_value(reader, "general.architecture")
-    return {"architecture": arch,
-            "context_length": gguf_value(reader, f"{arch}.context_length"),
-            "chat_template": "yes" if gguf_value(reader, "tokenizer.chat_template") else "none (transcript format)"}
+    return {
+        "architecture": arch,
+        "context_length": gguf_value(reader, f"{arch}.context_length"),
+        "chat_template": "yes" if gguf_value(reader, "tokenizer.chat_template") else "none (transcript format)",
+    }
 
 
 def cmd_export(args) -> int:
@@ -483,11 +538,16 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("serve", help="run the daemon in the foreground")
     s.add_argument("--host", help="listen address (default 127.0.0.1)")
     s.add_argument("--port", type=int, help="listen port (default 8757)")
-    s.add_argument("--model", help="GGUF file (or, with --engine mlx, an MLX model directory) to serve "
-                   "(default: the embedded Gemma 3 270M)")
-    s.add_argument("--engine", choices=["llamacpp", "mlx", "openai", "fake"],
-                   help="inference engine (mlx: mlx-lm, for GGUF files or MLX model directories; openai: an "
-                        "OpenAI-compatible upstream at model.base_url)")
+    s.add_argument(
+        "--model",
+        help="GGUF file (or, with --engine mlx, an MLX model directory) to serve (default: the embedded Gemma 3 270M)",
+    )
+    s.add_argument(
+        "--engine",
+        choices=["llamacpp", "mlx", "openai", "fake"],
+        help="inference engine (mlx: mlx-lm, for GGUF files or MLX model directories; openai: an "
+        "OpenAI-compatible upstream at model.base_url)",
+    )
     s.set_defaults(func=cmd_serve)
 
     s = sub.add_parser("chat", help="open the TUI: chat, review what was learned, adapters (starts the daemon)")
@@ -532,8 +592,11 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("adapters", help="list, inspect, activate, roll back or export trained adapters")
     s.add_argument("action", choices=["list", "show", "activate", "rollback", "export"])
     s.add_argument("adapter_id", nargs="?", help="the adapter (show / activate / export); activate base = none")
-    s.add_argument("--format", choices=["gguf", "mlx", "peft"],
-                   help="export format (default: gguf on a GGUF base model, mlx on an MLX directory)")
+    s.add_argument(
+        "--format",
+        choices=["gguf", "mlx", "peft"],
+        help="export format (default: gguf on a GGUF base model, mlx on an MLX directory)",
+    )
     s.add_argument("--out", help="export destination (a file for gguf, a directory otherwise)")
     s.add_argument("--json", action="store_true", help="machine-readable output")
     s.set_defaults(func=cmd_adapters)
@@ -541,20 +604,29 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("train", help="training status; --now to train immediately with a progress bar")
     s.add_argument("--now", action="store_true", help="train on the ready signals now and follow the run")
     s.add_argument("--stop", action="store_true", help="stop the running training at its next step (resumable)")
-    s.add_argument("--scheduled", action="store_true",
-                   help="with --now: only if training.min_signals are ready (for timers); else exit 0")
+    s.add_argument(
+        "--scheduled",
+        action="store_true",
+        help="with --now: only if training.min_signals are ready (for timers); else exit 0",
+    )
     s.add_argument("--json", action="store_true", help="machine-readable status")
     s.set_defaults(func=cmd_train)
 
     s = sub.add_parser("export", help="write the ready, non-vetoed training signals as a dataset (TRL / raw JSONL)")
     s.add_argument("what", choices=["signals"])
-    s.add_argument("--format", choices=["trl", "jsonl"], default="trl",
-                   help="trl: TRL conversational prompt/completion + reward, hint, teacher log-probs; jsonl: raw rows")
+    s.add_argument(
+        "--format",
+        choices=["trl", "jsonl"],
+        default="trl",
+        help="trl: TRL conversational prompt/completion + reward, hint, teacher log-probs; jsonl: raw rows",
+    )
     s.add_argument("--out", help="output file (JSON Lines); default stdout")
     s.set_defaults(func=cmd_export)
 
-    s = sub.add_parser("bench", help="benchmarks: `clawd bench learning` (does it learn a simulated user's "
-                       "preference? hybrid vs RL vs OPD)")
+    s = sub.add_parser(
+        "bench",
+        help="benchmarks: `clawd bench learning` (does it learn a simulated user's preference? hybrid vs RL vs OPD)",
+    )
     s.add_argument("name", choices=["learning"])
     s.add_argument("args", nargs=argparse.REMAINDER, help="the benchmark's options (clawd bench learning --help)")
     s.set_defaults(func=cmd_bench)

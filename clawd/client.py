@@ -47,8 +47,7 @@ class DaemonClient:
     `get` / `post` are the benchmarks': JSON of a 2xx answer, else httpx's error.
     `request` / `stream` hand back the raw response for callers that time or stream it."""
 
-    def __init__(self, base_url: str, *, token: str | None = None, timeout: float = 5.0,
-                 where: str | None = None):
+    def __init__(self, base_url: str, *, token: str | None = None, timeout: float = 5.0, where: str | None = None):
         self.base_url = base_url.rstrip("/")
         self.token = token
         self.where = where or self.base_url  # how messages name the daemon
@@ -58,16 +57,21 @@ class DaemonClient:
     @classmethod
     def configured(cls, settings: Settings, paths: Paths, *, timeout: float = 5.0) -> DaemonClient:
         """The daemon this home's config names, with its token."""
-        return cls(daemon_url(settings), token=daemon_token(paths), timeout=timeout,
-                   where=f"{settings.server.host}:{settings.server.port}")
+        return cls(
+            daemon_url(settings),
+            token=daemon_token(paths),
+            timeout=timeout,
+            where=f"{settings.server.host}:{settings.server.port}",
+        )
 
     def call(self, method: str, path: str, **kw) -> Any:
         """One request; its JSON, or a one-line ClawdError (DaemonUnreachable when nothing answered)."""
         try:
             r = self.http.request(method, path, **kw)
         except httpx.HTTPError as e:
-            raise DaemonUnreachable(f"clawd is not running at {self.where} ({e or type(e).__name__}): "
-                                    "start it with `clawd serve`") from e
+            raise DaemonUnreachable(
+                f"clawd is not running at {self.where} ({e or type(e).__name__}): start it with `clawd serve`"
+            ) from e
         body = r.json()
         if r.status_code >= 400:
             raise ClawdError(body.get("error", {}).get("message", f"HTTP {r.status_code}"))

@@ -38,11 +38,18 @@ class ServerSettings:
 @dataclass(frozen=True)
 class ModelSettings:
     path: str = _f("", "Model file (GGUF) or directory (MLX); empty = the embedded Gemma 3 270M model.")
-    engine: str = _f("llamacpp", "Inference engine: llamacpp, mlx (mlx-lm: fastest on Apple Silicon; GGUF files or "
-                                 "MLX model directories), openai (an OpenAI-compatible server you run: set "
-                                 "model.base_url) or fake (for tests).", choices=("llamacpp", "mlx", "openai", "fake"))
-    base_url: str = _f("", "openai engine: the upstream's OpenAI base URL, e.g. http://127.0.0.1:8080/v1 "
-                           "(llama-server) or http://127.0.0.1:8000/v1 (vLLM); clawd contacts nothing else.")
+    engine: str = _f(
+        "llamacpp",
+        "Inference engine: llamacpp, mlx (mlx-lm: fastest on Apple Silicon; GGUF files or "
+        "MLX model directories), openai (an OpenAI-compatible server you run: set "
+        "model.base_url) or fake (for tests).",
+        choices=("llamacpp", "mlx", "openai", "fake"),
+    )
+    base_url: str = _f(
+        "",
+        "openai engine: the upstream's OpenAI base URL, e.g. http://127.0.0.1:8080/v1 "
+        "(llama-server) or http://127.0.0.1:8000/v1 (vLLM); clawd contacts nothing else.",
+    )
     api_key: str = _f("", "openai engine: bearer token for the upstream, if it needs one.")
     n_ctx: int = _f(4096, "Context window in tokens.", min=1)
     n_threads: int = _f(0, "CPU threads for generation; 0 = all physical cores.", min=0)
@@ -52,8 +59,11 @@ class ModelSettings:
         "or force template / transcript.",
         choices=("auto", "template", "transcript"),
     )
-    name: str = _f("", "Model id shown in /v1/models; empty = derived from the file name (openai engine: the "
-                       "upstream's model id to use; empty = its first).")
+    name: str = _f(
+        "",
+        "Model id shown in /v1/models; empty = derived from the file name (openai engine: the "
+        "upstream's model id to use; empty = its first).",
+    )
 
 
 @dataclass(frozen=True)
@@ -74,26 +84,34 @@ class MiningSettings:
         "Evaluative judge used when the rules are undecided: rules (rules only), self (the served "
         "model, no adapter), gguf:PATH (a second local model) or openai:BASE_URL[#MODEL].",
     )
-    hint_judge: str = _f("self", "Hint (directive) judge, same forms as judge; rules = the user's own "
-                                 "correction sentences only.")
+    hint_judge: str = _f(
+        "self", "Hint (directive) judge, same forms as judge; rules = the user's own correction sentences only."
+    )
     votes: int = _f(3, "Judge votes per turn (majority; ties give 0).", min=1)
     temperature: float = _f(0.6, "Judge sampling temperature.", min=0.0)
     top_k: int = _f(4, "Top-k tokens per position for overlap-guided hint selection and OPD.", min=1)
     max_hints: int = _f(3, "Hint candidates kept per turn (shortest first).", min=1)
-    quiet_s: float = _f(2.0, "Seconds after a user request before the miner may use the model again "
-                              "(keeps the conversation's prompt cache warm).", min=0.0)
+    quiet_s: float = _f(
+        2.0,
+        "Seconds after a user request before the miner may use the model again "
+        "(keeps the conversation's prompt cache warm).",
+        min=0.0,
+    )
     retry_s: float = _f(60.0, "First wait before retrying a failed judge (doubles, up to an hour).", min=0.0)
 
 
 @dataclass(frozen=True)
 class TrainingSettings:
     # METHOD.md §5-6 constants, and when the scheduler may train (DESIGN: never while serving).
-    auto: bool = _f(True, "Train automatically when enough signals are ready and the machine is idle or "
-                          "in the overnight window.")
+    auto: bool = _f(
+        True, "Train automatically when enough signals are ready and the machine is idle or in the overnight window."
+    )
     min_signals: int = _f(8, "Ready, untrained signals needed before an automatic run.", min=1)
     idle_minutes: float = _f(10.0, "Minutes without a user request before the machine counts as idle.", min=0.0)
-    window: str = _f("01:00-06:00", "Overnight window (local time, HH:MM-HH:MM) in which training may run "
-                                    "regardless of idleness; empty = none.")
+    window: str = _f(
+        "01:00-06:00",
+        "Overnight window (local time, HH:MM-HH:MM) in which training may run regardless of idleness; empty = none.",
+    )
     batch_size: int = _f(16, "Samples per optimizer step (a smaller last batch is allowed).", min=1)
     epochs: int = _f(2, "Passes over each batch (2, so the PPO clip binds).", min=1)
     learning_rate: float = _f(1e-4, "Adam learning rate for the LoRA parameters.", min=0.0)
@@ -101,19 +119,30 @@ class TrainingSettings:
     grad_clip: float = _f(1.0, "Gradient global-norm clip.", min=0.0)
     rank: int = _f(16, "LoRA rank.", min=1)
     alpha: float = _f(32.0, "LoRA alpha (scale = alpha / rank).", min=0.0)
-    targets: str = _f("q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj",
-                      "Comma-separated projections of every block that get LoRA.")
+    targets: str = _f(
+        "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj",
+        "Comma-separated projections of every block that get LoRA.",
+    )
     w_rl: float = _f(1.0, "Weight of the PPO-clip RL term (0 = OPD-only ablation).", min=0.0)
     w_opd: float = _f(1.0, "Weight of the on-policy distillation term (0 = binary-RL-only ablation).", min=0.0)
-    teacher: str = _f("base", "Who scores the hinted answer for on-policy distillation in training: base (the "
-                              "frozen base model + hint, METHOD.md §3) or policy (the active adapter, each run's "
-                              "π_old, + hint: no pull back toward the base). The miner picks hints with the base "
-                              "either way.", choices=("base", "policy"))
-    max_tokens: int = _f(512, "Longest prompt+response a sample may have; longer prompts are cut from the left.",
-                         min=16)
+    teacher: str = _f(
+        "base",
+        "Who scores the hinted answer for on-policy distillation in training: base (the "
+        "frozen base model + hint, METHOD.md §3) or policy (the active adapter, each run's "
+        "π_old, + hint: no pull back toward the base). The miner picks hints with the base "
+        "either way.",
+        choices=("base", "policy"),
+    )
+    max_tokens: int = _f(
+        512, "Longest prompt+response a sample may have; longer prompts are cut from the left.", min=16
+    )
     holdout: float = _f(0.2, "Fraction of signals held out from training for the eval gate.", min=0.0, max=0.9)
-    kl_bound: float = _f(0.5, "Eval gate: the candidate's mean per-token KL to the base model on the canary "
-                              "prompts must stay under this (nats).", min=0.0)
+    kl_bound: float = _f(
+        0.5,
+        "Eval gate: the candidate's mean per-token KL to the base model on the canary "
+        "prompts must stay under this (nats).",
+        min=0.0,
+    )
     nice: int = _f(19, "CPU niceness of the trainer process (19 = lowest priority).", min=0, max=19)
 
 
@@ -279,7 +308,9 @@ def _read_toml(config_file: Path) -> dict[str, object]:
 
 
 def load_settings(
-    config_file: Path, env: Mapping[str, str], overrides: Mapping[str, object] = {}  # noqa: B006 - read only
+    config_file: Path,
+    env: Mapping[str, str],
+    overrides: Mapping[str, object] = {},  # noqa: B006 - read only
 ) -> Settings:
     """Resolve defaults < config.toml < CLAWD_* env < overrides into one Settings.
 
@@ -305,9 +336,7 @@ def load_settings(
 
     for key, raw in overrides.items():
         if key not in SPECS:
-            raise ConfigError(
-                f"unknown setting {key!r}; valid settings: {', '.join(SPECS)}", param=key
-            )
+            raise ConfigError(f"unknown setting {key!r}; valid settings: {', '.join(SPECS)}", param=key)
         if raw is None:
             continue
         values[key] = _convert(SPECS[key], raw, f"override {key}")

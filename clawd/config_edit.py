@@ -88,8 +88,9 @@ def edit_lines(text: str, table: str, changes: Mapping[str, str | None]) -> str:
             indent, rest = m.group(1), m.group(2)
             end = _value_end(rest)
             if end is None:
-                raise ConfigError(f"config.toml: {table}.{key} is written in a form clawd cannot edit safely; "
-                                  f"set it by hand: {new}")
+                raise ConfigError(
+                    f"config.toml: {table}.{key} is written in a form clawd cannot edit safely; set it by hand: {new}"
+                )
             tail = rest[end:]
             lines[i] = indent + new + (("  " + tail.strip()) if tail.strip() else "")
             continue

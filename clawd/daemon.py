@@ -49,8 +49,9 @@ def bind_socket(host: str, port: int) -> socket.socket:
     except OSError as e:
         sock.close()
         if e.errno == errno.EADDRINUSE:
-            raise ConfigError(f"port {port} on {host} is already in use (another clawd?): "
-                              "stop it, or pass --port / set server.port") from e
+            raise ConfigError(
+                f"port {port} on {host} is already in use (another clawd?): stop it, or pass --port / set server.port"
+            ) from e
         raise ConfigError(f"cannot listen on {host}:{port} ({e.strerror}): check server.host") from e
     sock.listen(128)
     sock.set_inheritable(True)
@@ -75,14 +76,17 @@ class _Server(uvicorn.Server):
 async def build_state(settings: Settings, paths: Paths, engine: Engine, port: int) -> ApiState:
     db = await Database.open(paths.db_file)
     info = engine.info
-    fmt = choose_format(settings.model.chat_format, info.chat_template, info.bos_token,
-                        info.eos_token, info.add_bos)
+    fmt = choose_format(settings.model.chat_format, info.chat_template, info.bos_token, info.eos_token, info.add_bos)
     model = ServedModel(EngineRunner(engine), fmt)
     miner = None
     if settings.mining.enabled:
         # Judges read the miner's current settings, which a config reload may replace.
-        miner = Miner(db, model, settings.mining, make_judge=lambda spec: build_judge(
-            spec, dataclasses.replace(settings, mining=miner.settings), model))
+        miner = Miner(
+            db,
+            model,
+            settings.mining,
+            make_judge=lambda spec: build_judge(spec, dataclasses.replace(settings, mining=miner.settings), model),
+        )
     chat = ChatService(model, db, settings.generation, on_turn=miner.poke if miner else lambda: None)
     registry = scheduler = None
     # The trainer builds its MLX model from the served weights: a GGUF file (llama.cpp serves its
@@ -101,10 +105,20 @@ async def build_state(settings: Settings, paths: Paths, engine: Engine, port: in
         registry = Registry(db, model, paths.adapters_dir, info.path)
         await registry.restore()
         scheduler = Scheduler(db, model, registry, settings.training, paths, top_k=settings.mining.top_k)
-    return ApiState(chat=chat, model=model, db=db, miner=miner, token=ensure_token(paths.token_file),
-                    require_token=settings.server.require_token, host=settings.server.host,
-                    port=port, home=str(paths.config_dir), registry=registry, scheduler=scheduler,
-                    training_off=training_off)
+    return ApiState(
+        chat=chat,
+        model=model,
+        db=db,
+        miner=miner,
+        token=ensure_token(paths.token_file),
+        require_token=settings.server.require_token,
+        host=settings.server.host,
+        port=port,
+        home=str(paths.config_dir),
+        registry=registry,
+        scheduler=scheduler,
+        training_off=training_off,
+    )
 
 
 def build_judge(spec: str, settings: Settings, model: ServedModel) -> LLMJudge | None:
@@ -113,8 +127,12 @@ def build_judge(spec: str, settings: Settings, model: ServedModel) -> LLMJudge |
     def load_second_model(path: str) -> ServedModel:
         from clawd.engines.llamacpp import Engine
 
-        engine = Engine(Path(path).expanduser(), n_ctx=settings.model.n_ctx, n_threads=settings.model.n_threads,
-                        model_id=Path(path).stem)
+        engine = Engine(
+            Path(path).expanduser(),
+            n_ctx=settings.model.n_ctx,
+            n_threads=settings.model.n_threads,
+            model_id=Path(path).stem,
+        )
         info = engine.info
         fmt = choose_format("auto", info.chat_template, info.bos_token, info.eos_token, info.add_bos)
         return ServedModel(EngineRunner(engine), fmt)
@@ -125,8 +143,15 @@ def build_judge(spec: str, settings: Settings, model: ServedModel) -> LLMJudge |
     return LLMJudge(completer, votes=settings.mining.votes, temperature=settings.mining.temperature)
 
 
-async def serve(settings: Settings, paths: Paths, engine: Engine, *, on_ready=None,
-                env: Mapping[str, str] | None = None, overrides: Mapping[str, object] | None = None) -> None:
+async def serve(
+    settings: Settings,
+    paths: Paths,
+    engine: Engine,
+    *,
+    on_ready=None,
+    env: Mapping[str, str] | None = None,
+    overrides: Mapping[str, object] | None = None,
+) -> None:
     """Run until SIGINT/SIGTERM, then finish or cancel streams and close the store.
 
     `env` and `overrides` are what `settings` were loaded from; given `env`, config.toml
@@ -134,8 +159,9 @@ async def serve(settings: Settings, paths: Paths, engine: Engine, *, on_ready=No
     sock = bind_socket(settings.server.host, settings.server.port)
     port = sock.getsockname()[1]
     state = await build_state(settings, paths, engine, port)
-    config = uvicorn.Config(create_app(state), log_level=settings.log_level, access_log=False,
-                            timeout_graceful_shutdown=5, lifespan="off")
+    config = uvicorn.Config(
+        create_app(state), log_level=settings.log_level, access_log=False, timeout_graceful_shutdown=5, lifespan="off"
+    )
     server = _Server(config)
     loop = asyncio.get_running_loop()
     draining: list[asyncio.Task] = []  # referenced, so the task is not collected mid-run
@@ -148,8 +174,15 @@ async def serve(settings: Settings, paths: Paths, engine: Engine, *, on_ready=No
     server.on_exit = on_exit
     watcher = None
     if env is not None:
-        watcher = ConfigWatcher(paths.config_file, env, overrides or {}, settings,
-                                chat=state.chat, miner=state.miner, scheduler=state.scheduler)
+        watcher = ConfigWatcher(
+            paths.config_file,
+            env,
+            overrides or {},
+            settings,
+            chat=state.chat,
+            miner=state.miner,
+            scheduler=state.scheduler,
+        )
         state.config = watcher.state
         await watcher.start()
     if on_ready:

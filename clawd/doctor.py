@@ -61,12 +61,15 @@ def error(check: str, detail: str) -> Check:
 
 # ---- environment ---------------------------------------------------------------------------
 
+
 def check_python() -> Check:
     v = sys.version_info
     text = f"{v.major}.{v.minor}.{v.micro} ({sys.executable})"
     if v[:2] < MIN_PYTHON:
-        return error("python", f"{text}: clawd needs Python {'.'.join(map(str, MIN_PYTHON))}+; "
-                               "install a newer Python and reinstall clawd")
+        return error(
+            "python",
+            f"{text}: clawd needs Python {'.'.join(map(str, MIN_PYTHON))}+; install a newer Python and reinstall clawd",
+        )
     return ok("python", text)
 
 
@@ -94,8 +97,9 @@ def check_packages() -> list[Check]:
             continue
         pin = pins.get(name)
         if pin and not fnmatch.fnmatch(version, pin):
-            out.append(warning(f"package {name}", f"{version}, but clawd is tested with =={pin}: "
-                                                  f"pip install '{name}=={pin}'"))
+            out.append(
+                warning(f"package {name}", f"{version}, but clawd is tested with =={pin}: pip install '{name}=={pin}'")
+            )
         else:
             out.append(ok(f"package {name}", version + (f" (pinned =={pin})" if pin else "")))
     return out
@@ -135,8 +139,9 @@ def check_blas() -> Check:
 
 def check_mlx() -> Check:
     if importlib.util.find_spec("mlx") is None:
-        return warning("mlx", "not installed: serving works without it, but on-device training needs it "
-                              "(pip install mlx mlx-lm)")
+        return warning(
+            "mlx", "not installed: serving works without it, but on-device training needs it (pip install mlx mlx-lm)"
+        )
     parts = []
     for name in ("mlx", "mlx-lm"):
         try:
@@ -157,15 +162,22 @@ def check_mlx_blas(paths: Paths) -> Check:
     if importlib.util.find_spec("mlx") is None:
         return warning("mlx BLAS", "mlx is not installed")
     try:
-        proc = subprocess.run([sys.executable, "-m", "clawd.training.blas", str(paths.cache_dir)],
-                              capture_output=True, text=True, timeout=120)
+        proc = subprocess.run(
+            [sys.executable, "-m", "clawd.training.blas", str(paths.cache_dir)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         out = json.loads(proc.stdout.strip().splitlines()[-1])
     except (subprocess.TimeoutExpired, ValueError, IndexError, OSError) as e:
         return error("mlx BLAS", f"could not measure ({e}); run `python -m clawd.training.blas {paths.cache_dir}`")
     detail = f"{out['name']}: {out['gflops']:.0f} GFLOP/s fp32 matmul ({out['detail']})"
     if out["gflops"] < MLX_SLOW_GFLOPS:
-        return warning("mlx BLAS", f"{detail}; training will be 10-60x slow: "
-                                   "pip install scipy-openblas32 and make sure a C compiler (cc) exists")
+        return warning(
+            "mlx BLAS",
+            f"{detail}; training will be 10-60x slow: "
+            "pip install scipy-openblas32 and make sure a C compiler (cc) exists",
+        )
     return ok("mlx BLAS", detail)
 
 
@@ -183,6 +195,7 @@ def check_disk(paths: Paths) -> Check:
 
 
 # ---- clawd's own files -----------------------------------------------------------------------
+
 
 def check_config(paths: Paths, env: Mapping[str, str]) -> tuple[Check, Settings]:
     try:
@@ -213,26 +226,35 @@ def check_model(settings: Settings, paths: Paths) -> tuple[Check, Path | None]:
         return ok("model", f"served by the upstream at {settings.model.base_url} ({name})"), choice.path
     if not choice.path.exists():
         if choice.embedded:
-            return warning("model", f"embedded {choice.id} not unpacked yet: `clawd serve` unpacks it "
-                                    f"on first start into {choice.path}"), None
-        return error("model", f"{choice.path} does not exist: fix model.path in config.toml "
-                              "(empty = the embedded model)"), None
+            return warning(
+                "model",
+                f"embedded {choice.id} not unpacked yet: `clawd serve` unpacks it on first start into {choice.path}",
+            ), None
+        return error(
+            "model", f"{choice.path} does not exist: fix model.path in config.toml (empty = the embedded model)"
+        ), None
     if choice.path.is_dir():
         if engine != "mlx":
-            return error("model", f"{choice.path} is a directory: llama.cpp serves GGUF files; set "
-                                  "model.engine = \"mlx\" to serve an MLX/HF model directory"), None
+            return error(
+                "model",
+                f"{choice.path} is a directory: llama.cpp serves GGUF files; set "
+                'model.engine = "mlx" to serve an MLX/HF model directory',
+            ), None
         try:
             _, arch, size = inspect_model(choice.path)
         except ClawdError as e:
             return error("model", e.message), None
-        return ok("model", f"{choice.id}: {choice.path} ({size / 1e6:.1f} MB, MLX/HF directory, "
-                           f"architecture {arch})"), choice.path
+        return ok(
+            "model", f"{choice.id}: {choice.path} ({size / 1e6:.1f} MB, MLX/HF directory, architecture {arch})"
+        ), choice.path
     size = choice.path.stat().st_size / 1e6
     try:
         arch = gguf_architecture(choice.path)
     except (OSError, ValueError) as e:
-        return error("model", f"{choice.path} is not a readable GGUF file ({e}): re-download it "
-                              "or point model.path at another model"), choice.path
+        return error(
+            "model",
+            f"{choice.path} is not a readable GGUF file ({e}): re-download it or point model.path at another model",
+        ), choice.path
     return ok("model", f"{choice.id}: {choice.path} ({size:.1f} MB, GGUF, architecture {arch})"), choice.path
 
 
@@ -249,8 +271,11 @@ def check_engine(settings: Settings, model_path: Path | None, env: Mapping[str, 
     try:
         p = subprocess.run(argv, capture_output=True, text=True, timeout=PROBE_TIMEOUT_S, env=dict(env))
     except subprocess.TimeoutExpired:
-        return error("engine", f"{label}: loading {what} and generating 1 token took over "
-                               f"{PROBE_TIMEOUT_S} s: the machine is overloaded or the model too large for it")
+        return error(
+            "engine",
+            f"{label}: loading {what} and generating 1 token took over "
+            f"{PROBE_TIMEOUT_S} s: the machine is overloaded or the model too large for it",
+        )
     lines = p.stdout.strip().splitlines()
     try:
         out = json.loads(lines[-1]) if lines else {}
@@ -258,13 +283,19 @@ def check_engine(settings: Settings, model_path: Path | None, env: Mapping[str, 
         out = {}
     if p.returncode == 0 and "load_s" in out:
         threads = f", {out['threads']} threads" if engine == "llamacpp" else ""
-        return ok("engine", f"{label} loaded {what} in {out['load_s']:.2f} s, prompt + 1 token "
-                            f"in {out['token_ms']:.1f} ms (ctx {out['n_ctx']}{threads})")
+        return ok(
+            "engine",
+            f"{label} loaded {what} in {out['load_s']:.2f} s, prompt + 1 token "
+            f"in {out['token_ms']:.1f} ms (ctx {out['n_ctx']}{threads})",
+        )
     if "error" in out:
         return error("engine", out["error"])
     tail = (p.stderr.strip().splitlines() or ["no output"])[-1]
-    fix = ("check that the upstream runs and speaks the OpenAI API" if engine == "openai"
-           else "re-download the model or pick another")
+    fix = (
+        "check that the upstream runs and speaks the OpenAI API"
+        if engine == "openai"
+        else "re-download the model or pick another"
+    )
     return error("engine", f"{label} crashed loading {what} (exit code {p.returncode}: {tail}); {fix}")
 
 
@@ -290,8 +321,12 @@ def _probe(n_ctx: int) -> dict:
     t2 = time.perf_counter()
     if len(tokens) != 1:
         raise ClawdError(f"{engine.name} produced {len(tokens)} tokens instead of 1")
-    return {"load_s": t1 - t0, "token_ms": (t2 - t1) * 1000, "n_ctx": engine.info.n_ctx,
-            "threads": model.n_threads or os.cpu_count()}
+    return {
+        "load_s": t1 - t0,
+        "token_ms": (t2 - t1) * 1000,
+        "n_ctx": engine.info.n_ctx,
+        "threads": model.n_threads or os.cpu_count(),
+    }
 
 
 def check_database(paths: Paths) -> Check:
@@ -309,12 +344,16 @@ def check_database(paths: Paths) -> Check:
     except sqlite3.Error as e:
         return error("database", f"{db} cannot be read ({e}): move it aside and let `clawd serve` start a new one")
     if result != ["ok"]:
-        return error("database", f"{db} is damaged ({'; '.join(result[:3])}): stop clawd, then recover it with "
-                                 f"`sqlite3 {db} .recover | sqlite3 fixed.db`, or move it aside")
+        return error(
+            "database",
+            f"{db} is damaged ({'; '.join(result[:3])}): stop clawd, then recover it with "
+            f"`sqlite3 {db} .recover | sqlite3 fixed.db`, or move it aside",
+        )
     return ok("database", f"{db}: integrity ok, {turns} turns")
 
 
 # ---- the running daemon ------------------------------------------------------------------------
+
 
 def check_service(platform: str, env: Mapping[str, str], runner) -> Check:
     try:
@@ -328,8 +367,7 @@ def check_service(platform: str, env: Mapping[str, str], runner) -> Check:
         return warning("service", f"{detail}; see why with `clawd service logs`")
     if st.linger is False:
         user = env.get("USER") or env.get("LOGNAME") or "$USER"
-        return warning("service", f"{detail}; lingering is off, so it stops at logout: "
-                                  f"loginctl enable-linger {user}")
+        return warning("service", f"{detail}; lingering is off, so it stops at logout: loginctl enable-linger {user}")
     return ok("service", detail)
 
 
@@ -355,16 +393,23 @@ def check_port(host: str, port: int, token: str | None = None, *, http_timeout: 
     except (httpx.HTTPError, ValueError):
         body = {}
     if isinstance(body, dict) and "version" in body and "pid" in body:
-        return ok("port", f"{where}: clawd {body['version']} is running there (pid {body['pid']}, "
-                          f"model {body.get('model')})")
-    return error("port", f"{where} is taken by another program (not clawd): stop it, or set server.port "
-                         "in config.toml")
+        return ok(
+            "port", f"{where}: clawd {body['version']} is running there (pid {body['pid']}, model {body.get('model')})"
+        )
+    return error("port", f"{where} is taken by another program (not clawd): stop it, or set server.port in config.toml")
 
 
 # ---- all together -------------------------------------------------------------------------------
 
-def run_checks(paths: Paths, env: Mapping[str, str], *, engine_test: bool = True,
-               platform: str = sys.platform, runner=service.run_command) -> list[Check]:
+
+def run_checks(
+    paths: Paths,
+    env: Mapping[str, str],
+    *,
+    engine_test: bool = True,
+    platform: str = sys.platform,
+    runner=service.run_command,
+) -> list[Check]:
     """Every check, in the order a user would fix them."""
     from clawd.token import read_token
 
@@ -375,8 +420,14 @@ def run_checks(paths: Paths, env: Mapping[str, str], *, engine_test: bool = True
     checks.append(model)
     if engine_test:
         checks.append(check_engine(settings, model_path, env))
-    checks += [check_blas(), check_mlx(), check_mlx_blas(paths), check_disk(paths), check_database(paths),
-               check_service(platform, env, runner)]
+    checks += [
+        check_blas(),
+        check_mlx(),
+        check_mlx_blas(paths),
+        check_disk(paths),
+        check_database(paths),
+        check_service(platform, env, runner),
+    ]
     try:
         token = read_token(paths.token_file) if paths.token_file.is_file() else None
     except ClawdError:
@@ -391,8 +442,9 @@ def format_checks(checks: list[Check]) -> str:
 
 
 def to_json(checks: list[Check]) -> str:
-    return json.dumps({"ok": not any(c.level == "error" for c in checks),
-                       "checks": [asdict(c) for c in checks]}, indent=2)
+    return json.dumps(
+        {"ok": not any(c.level == "error" for c in checks), "checks": [asdict(c) for c in checks]}, indent=2
+    )
 
 
 def _probe_main(argv: list[str]) -> int:

@@ -49,15 +49,18 @@ async def record(db: Database, req: FeedbackRequest, raw: Any = None) -> list[fe
     if req.rating is not None:
         out.append(await feedback_rows.add(db, req.turn_id, _kind(req.rating), source=req.source, raw=raw))
     if (req.correction or "").strip():
-        out.append(await feedback_rows.add(db, req.turn_id, "correction", text=req.correction.strip(),
-                                           source=req.source, raw=raw))
+        out.append(
+            await feedback_rows.add(
+                db, req.turn_id, "correction", text=req.correction.strip(), source=req.source, raw=raw
+            )
+        )
     return out
 
 
 def _openwebui_message_text(payload: dict) -> str | None:
     """The rated assistant message's text from an Open WebUI snapshot, if present."""
     meta = payload.get("meta") or {}
-    chat = ((payload.get("snapshot") or {}).get("chat") or {})
+    chat = (payload.get("snapshot") or {}).get("chat") or {}
     chat = chat.get("chat", chat)  # exports nest the chat one level deeper
     wanted = meta.get("message_id")
     candidates = list((chat.get("history") or {}).get("messages", {}).values()) + list(chat.get("messages") or [])
@@ -75,12 +78,15 @@ async def from_openwebui(db: Database, payload: dict) -> FeedbackRequest:
         raise InvalidRequest("an Open WebUI feedback payload needs type 'rating' and data.rating", param="data")
     text = _openwebui_message_text(payload)
     if not text:
-        raise InvalidRequest("cannot find the rated message: the payload needs snapshot.chat with the message "
-                             "named by meta.message_id", param="snapshot")
+        raise InvalidRequest(
+            "cannot find the rated message: the payload needs snapshot.chat with the message named by meta.message_id",
+            param="snapshot",
+        )
     turn = await turns.find_by_response_text(db, text.strip())
     if turn is None:
         raise NotFound("no clawd turn has the rated message's text; was it answered by this daemon?")
     comment = " ".join(str(data.get(k) or "").strip() for k in ("reason", "comment")).strip()
     kind = _kind(data["rating"])
-    return FeedbackRequest(turn_id=turn.id, rating=kind,
-                           correction=comment if (comment and kind == "down") else None, source="openwebui")
+    return FeedbackRequest(
+        turn_id=turn.id, rating=kind, correction=comment if (comment and kind == "down") else None, source="openwebui"
+    )

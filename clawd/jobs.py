@@ -46,7 +46,7 @@ def fit(prompt: list[int], response: list[int], max_tokens: int, keep_first: boo
     room = max_tokens - len(response)
     if len(prompt) > room:
         head = prompt[:1] if keep_first else []
-        prompt = head + prompt[len(prompt) - (room - len(head)):]
+        prompt = head + prompt[len(prompt) - (room - len(head)) :]
     return prompt, response
 
 
@@ -100,13 +100,26 @@ async def untrained_count(db: Database, model: str, holdout: float) -> int:
     return n
 
 
-async def build_job(db: Database, model: ServedModel, settings: TrainingSettings, *, job_id: str,
-                    parent: adapter_rows.AdapterRecord | None, top_k: int) -> Job:
+async def build_job(
+    db: Database,
+    model: ServedModel,
+    settings: TrainingSettings,
+    *,
+    job_id: str,
+    parent: adapter_rows.AdapterRecord | None,
+    top_k: int,
+) -> Job:
     """Everything one trainer run needs. Train samples: ready, non-vetoed signals not yet
     learned by a live adapter; holdout: the newest ready held-out signals (never trained on)."""
-    job = Job(job_id, str(model.info.path), model.model_id, dataclasses.asdict(settings),
-              parent_id=parent.id if parent else None, parent_path=parent.path if parent else None,
-              top_k=top_k)
+    job = Job(
+        job_id,
+        str(model.info.path),
+        model.model_id,
+        dataclasses.asdict(settings),
+        parent_id=parent.id if parent else None,
+        parent_path=parent.path if parent else None,
+        top_k=top_k,
+    )
     train, held = await split_signals(db, model.model_id, settings.holdout)
     for part, ids in ((job.train, train), (job.holdout, held)):
         for sig in await signals.get_many(db, ids):

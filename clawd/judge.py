@@ -69,7 +69,7 @@ def parse_boxed(text: str) -> int | None:
     close = text.find("}", i + 1)
     if close < 0:
         return None
-    inner = text[i + 1:close]
+    inner = text[i + 1 : close]
     m = _VOTE.fullmatch(inner)
     return int(m.group(1)) if m and "{" not in inner else None
 
@@ -151,7 +151,7 @@ def _turn_sections(inp: JudgeInput) -> str:
     response, and what came next."""
     i = _last_user_index(inp.request)
     before = inp.request[:i][-_CONTEXT_MESSAGES:] if i is not None else inp.request[-_CONTEXT_MESSAGES:]
-    after = inp.request[i + 1:][-_CONTEXT_MESSAGES:] if i is not None else []
+    after = inp.request[i + 1 :][-_CONTEXT_MESSAGES:] if i is not None else []
     asked = _message_text(inp.request[i]) if i is not None else "(no user message)"
     parts = []
     if before:
@@ -207,8 +207,11 @@ def evaluative_messages(inp: JudgeInput) -> list[dict]:
     """Chat messages asking the evaluative judge for \\boxed{1|-1|0} (METHOD §2)."""
     return [
         {"role": "system", "content": _EVALUATIVE_SYSTEM},
-        {"role": "user", "content": _turn_sections(inp)
-         + "\n\nDid the response fulfil the user's intent? End with \\boxed{1}, \\boxed{-1} or \\boxed{0}."},
+        {
+            "role": "user",
+            "content": _turn_sections(inp)
+            + "\n\nDid the response fulfil the user's intent? End with \\boxed{1}, \\boxed{-1} or \\boxed{0}.",
+        },
     ]
 
 
@@ -216,9 +219,12 @@ def hint_messages(inp: JudgeInput) -> list[dict]:
     """Chat messages asking the hint judge for \\boxed{1} plus a hint, or \\boxed{-1} (METHOD §3)."""
     return [
         {"role": "system", "content": _HINT_SYSTEM},
-        {"role": "user", "content": _turn_sections(inp)
-         + "\n\nDoes what came next carry a meaningful correction? If it does, give the hint between "
-           "[HINT_START] and [HINT_END] and end with \\boxed{1}; if not, end with \\boxed{-1}."},
+        {
+            "role": "user",
+            "content": _turn_sections(inp)
+            + "\n\nDoes what came next carry a meaningful correction? If it does, give the hint between "
+            "[HINT_START] and [HINT_END] and end with \\boxed{1}; if not, end with \\boxed{-1}.",
+        },
     ]
 
 
@@ -231,8 +237,7 @@ class Completer(Protocol):
 
     source: str
 
-    async def complete(self, messages: list[dict], *, temperature: float, max_tokens: int,
-                       seed: int | None) -> str: ...
+    async def complete(self, messages: list[dict], *, temperature: float, max_tokens: int, seed: int | None) -> str: ...
 
 
 class LLMJudge:
@@ -270,8 +275,9 @@ class LLMJudge:
 
     async def _complete(self, messages: list[dict], seed: int) -> str:
         try:
-            return await self.completer.complete(messages, temperature=self.temperature,
-                                                 max_tokens=self.max_tokens, seed=seed)
+            return await self.completer.complete(
+                messages, temperature=self.temperature, max_tokens=self.max_tokens, seed=seed
+            )
         except (asyncio.CancelledError, Preempted, JudgeUnavailable, ContextLengthExceeded):
             # Cancelled / Preempted: a user request took the engine; that is no backend
             # failure, and the miner retries soon instead of backing off. A turn too long
@@ -280,7 +286,7 @@ class LLMJudge:
         except Exception as e:
             raise JudgeUnavailable(
                 f"The {self.completer.source!r} judge failed: {type(e).__name__}: {e}. The turn stays unjudged "
-                "and will be retried; if this persists, check the judge backend or set the judge to \"rules\"."
+                'and will be retried; if this persists, check the judge backend or set the judge to "rules".'
             ) from e
 
 

@@ -36,15 +36,20 @@ class OpenAICompleter:
 
         if self._client is None:
             headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
-            self._client = httpx.AsyncClient(headers=headers, timeout=httpx.Timeout(self.timeout,
-                                             connect=min(self.timeout, 10.0)))
+            self._client = httpx.AsyncClient(
+                headers=headers, timeout=httpx.Timeout(self.timeout, connect=min(self.timeout, 10.0))
+            )
         return self._client
 
-    async def complete(self, messages: list[dict], *, temperature: float, max_tokens: int,
-                       seed: int | None) -> str:
+    async def complete(self, messages: list[dict], *, temperature: float, max_tokens: int, seed: int | None) -> str:
         model = self.model or await self._first_model()
-        body = {"model": model, "messages": messages, "temperature": temperature,
-                "max_tokens": max_tokens, "stream": False}
+        body = {
+            "model": model,
+            "messages": messages,
+            "temperature": temperature,
+            "max_tokens": max_tokens,
+            "stream": False,
+        }
         if seed is not None:
             body["seed"] = seed
         data = await self._request("POST", "/chat/completions", body)
@@ -88,8 +93,11 @@ class OpenAICompleter:
                 "(e.g. `ollama serve` or `llama-server`), or fix the URL in the judge setting."
             ) from None
         if r.status_code >= 400:
-            what = {401: "check the API key", 403: "check the API key",
-                    404: "check the URL (the API root, usually ending in /v1) and the model name"}
+            what = {
+                401: "check the API key",
+                403: "check the API key",
+                404: "check the URL (the API root, usually ending in /v1) and the model name",
+            }
             raise JudgeUnavailable(
                 f"The judge endpoint {url} answered HTTP {r.status_code}: {r.text[:200]!r}. "
                 f"{what.get(r.status_code, 'Check the server logs there')}."
@@ -121,8 +129,7 @@ class ServedModelCompleter:
         if self.source == "gguf":
             await asyncio.get_running_loop().run_in_executor(None, self.chat.runner.close)
 
-    async def complete(self, messages: list[dict], *, temperature: float, max_tokens: int,
-                       seed: int | None) -> str:
+    async def complete(self, messages: list[dict], *, temperature: float, max_tokens: int, seed: int | None) -> str:
         # deferred: engines.base pulls in numpy, and `clawd --help` must stay light
         from clawd.engines.base import SamplingParams
         from clawd.protocol import Message
@@ -146,15 +153,19 @@ def completer_for(spec: str, *, chat=None, gguf_loader=None, api_key: str = "") 
         return None
     if s == "self":
         if chat is None:
-            raise ConfigError('judge "self" needs the served model, which is not running here; use "rules" '
-                              f"or another judge ({JUDGE_FORMS}).")
+            raise ConfigError(
+                'judge "self" needs the served model, which is not running here; use "rules" '
+                f"or another judge ({JUDGE_FORMS})."
+            )
         return ServedModelCompleter(chat)
     kind, _, rest = s.partition(":")
     if kind == "openai" and rest:
         url, _, model = rest.partition("#")
         if not re.match(r"https?://[^/\s]+", url):
-            raise ConfigError(f"judge {spec!r}: the URL must start with http:// or https://, e.g. "
-                              f"openai:http://127.0.0.1:11434/v1#qwen3:4b (judges: {JUDGE_FORMS}).")
+            raise ConfigError(
+                f"judge {spec!r}: the URL must start with http:// or https://, e.g. "
+                f"openai:http://127.0.0.1:11434/v1#qwen3:4b (judges: {JUDGE_FORMS})."
+            )
         return OpenAICompleter(url, model=model, api_key=api_key)
     if kind == "gguf" and rest.strip():
         if gguf_loader is None:

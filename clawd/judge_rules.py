@@ -17,90 +17,134 @@ from clawd.judge import MIN_HINT_CHARS, JudgeInput, Verdict, _last_user_index, _
 # wrong" is -1); WEAK corrections lose to approval ("no, that's perfect" is +1); HOLD cues
 # and "approval ... but" leave the turn undecided for the LLM judge.
 
+
 def _rx(*patterns: str) -> list[re.Pattern]:
     return [re.compile(p) for p in patterns]
 
 
 # Phrases that contain a cue word but mean no harm; blanked out before matching.
 NEUTRAL = _rx(
-    r"\bno (problem|worries|worry|stress)\b", r"\bno,? thanks?( you)?\b", r"\bno,? thank you\b",
-    r"\bdon'?t (worry|mind)\b", r"\bi (don'?t|do not) know\b", r"\bnot (wrong|incorrect)\b",
+    r"\bno (problem|worries|worry|stress)\b",
+    r"\bno,? thanks?( you)?\b",
+    r"\bno,? thank you\b",
+    r"\bdon'?t (worry|mind)\b",
+    r"\bi (don'?t|do not) know\b",
+    r"\bnot (wrong|incorrect)\b",
     r"\b(nothing|anything|what'?s|what is|what was|something|what went|what goes) (is |was |went |goes )?wrong\b",
-    r"\bdon'?t need anything (else|more)\b", r"\bdon'?t change (a thing|anything)\b",
+    r"\bdon'?t need anything (else|more)\b",
+    r"\bdon'?t change (a thing|anything)\b",
     r"\b(can'?t|couldn'?t) (complain|thank you enough|be happier)\b",
-    r"\bno complaints\b", r"\bno longer\b", r"\bno (errors?|issues?|bugs?|problems?)\b",
+    r"\bno complaints\b",
+    r"\bno longer\b",
+    r"\bno (errors?|issues?|bugs?|problems?)\b",
 )
 
 STRONG = _rx(
     # outright rejection
     r"\b(that'?s|that is|this is|it'?s|it is|you'?re|you are|you got( it)?|still|all|completely|totally"
     r"|is|are|was|were|answer is|seems?|looks?) (\w+ )?(wrong|incorrect|inaccurate|false|not right|not correct)\b",
-    r"^\W*(wrong|incorrect|not right|not correct)\b", r"\bwrong (answer|result|number|language|file|format|one"
+    r"^\W*(wrong|incorrect|not right|not correct)\b",
+    r"\bwrong (answer|result|number|language|file|format|one"
     r"|approach|unit|units|date|name|value|output|version|library|function|method|word|way)\b",
-    r"\bnot (what|the (one|thing|answer|result|format|point))\b", r"^\W*not (it|really|exactly|quite)\b",
-    r"\bnot quite\b", r"\bclose,? but\b", r"\w, not (?!bad\b|only\b|just\b|sure\b|yet\b|too\b|that\b|to\b)\w",
+    r"\bnot (what|the (one|thing|answer|result|format|point))\b",
+    r"^\W*not (it|really|exactly|quite)\b",
+    r"\bnot quite\b",
+    r"\bclose,? but\b",
+    r"\w, not (?!bad\b|only\b|just\b|sure\b|yet\b|too\b|that\b|to\b)\w",
     r"\b(that|this|it) (isn'?t|is not|wasn'?t|was not) (it|right|correct|true|accurate|what|helpful|useful)\b",
     r"\bi (don'?t|do not) think (that|this|it)('?s| is| was)? (right|correct|true|accurate)\b",
-    r"\b(mistake|typo|mistakes|typos)\b", r"\bthanks for nothing\b", r"\bmakes no sense\b", r"\bnonsense\b",
+    r"\b(mistake|typo|mistakes|typos)\b",
+    r"\bthanks for nothing\b",
+    r"\bmakes no sense\b",
+    r"\bnonsense\b",
     r"\b(useless|unhelpful)\b",
     # "I meant", "I asked", rephrasings
-    r"(?<!what )(?<!exactly )\bi meant\b", r"\bwhat i meant (was|is)\b",
+    r"(?<!what )(?<!exactly )\bi meant\b",
+    r"\bwhat i meant (was|is)\b",
     r"\bi (was )?(asked|asking) (for|about|you)\b",
-    r"\bi said\b", r"(?<!what )\bi wanted\b", r"\bi (never|didn'?t|did not) (ask|say|said|want|request)\b",
-    r"\blet me (rephrase|clarify|be clearer|try again)\b", r"\bin other words\b", r"\bto (clarify|be clear)\b",
-    r"\bmy question (is|was)\b", r"\bread (my|the) (question|message|request) again\b",
+    r"\bi said\b",
+    r"(?<!what )\bi wanted\b",
+    r"\bi (never|didn'?t|did not) (ask|say|said|want|request)\b",
+    r"\blet me (rephrase|clarify|be clearer|try again)\b",
+    r"\bin other words\b",
+    r"\bto (clarify|be clear)\b",
+    r"\bmy question (is|was)\b",
+    r"\bread (my|the) (question|message|request) again\b",
     r"\b(you )?(misunderstood|misread|misunderstand)\b",
     # redo
     r"\b(rewrite|reword|rephrase|redo|re-do|regenerate|retry|start over|try again|do it again"
-    r"|do that again|one more time)\b", r"\bgive it another (try|shot|go)\b", r"\banother (try|attempt)\b",
+    r"|do that again|one more time)\b",
+    r"\bgive it another (try|shot|go)\b",
+    r"\banother (try|attempt)\b",
     # it does not work
     r"\b(doesn'?t|does not|didn'?t|did not|won'?t|will not|isn'?t|is not|wasn'?t|can'?t|cannot)"
     r" (work|compile|run|build|help|answer|load|start|fix|solve|make sense|exist|match"
     r"|look right|seem right|seem correct|do what)\b",
-    r"\bnot working\b", r"\b(it|this|that|the code|the script|the app|the test|the tests|tests|the build"
+    r"\bnot working\b",
+    r"\b(it|this|that|the code|the script|the app|the test|the tests|tests|the build"
     r"|the page|the link|the command) (still )?(fails|failed|failing|crashes|crashed|crashing|breaks|broke"
-    r"|hangs|hung|errors|errored)\b", r"\bbroken\b",
+    r"|hangs|hung|errors|errored)\b",
+    r"\bbroken\b",
     r"\b(get|got|getting|see|seeing|throws?|threw|raises?|raised|gives?|gave|giving|shows?|showed)\b[^.!?]{0,25}"
     r"(error|exception|traceback|segfault|stack trace)\b",
-    r"traceback \(most recent call last\)", r"\b\w+(error|exception): ",
+    r"traceback \(most recent call last\)",
+    r"\b\w+(error|exception): ",
     r"\b(there'?s|there is|there are|has|have|got|found) (a|an|another|one|some|two|several) (\w+ )?"
     r"(bug|bugs|error|errors|problem|issue)\b",
     # something missing or ignored
     r"\byou (forgot|missed|left out|skipped|omitted|ignored|didn'?t|did not|never|haven'?t|have not"
-    r"|can'?t|still)\b", r"\b(is|are|'s|'re|still) missing\b", r"^\W*missing\b",
+    r"|can'?t|still)\b",
+    r"\b(is|are|'s|'re|still) missing\b",
+    r"^\W*missing\b",
     r"\b(it|that|this|the \w+|which|there|you|answer|response) (should|shouldn'?t|should not|must|needs to|has to)"
     # not "work"/"do": "that should work, thanks" is approval
     r" (be|have|use|say|return|not|include|contain|go|mention|handle|ignore|support|show|print|sound|read"
-    r"|start|end|only|stay|match|accept|take|list|explain|cover)\b", r"\bshould(n'?t)? have\b", r"\bshould'?ve\b",
-    r"\bsupposed to\b", r"\byou (should|need to|have to|must)\b",
+    r"|start|end|only|stay|match|accept|take|list|explain|cover)\b",
+    r"\bshould(n'?t)? have\b",
+    r"\bshould'?ve\b",
+    r"\bsupposed to\b",
+    r"\byou (should|need to|have to|must)\b",
     # change requests
-    r"\bchange\b[^.!?]{0,40}\bto\b", r"\bchange (it|that|this|the)\b", r"\breplace\b[^.!?]{0,40}\bwith\b",
-    r"\bswitch\b[^.!?]{0,40}\bto\b", r"\binstead\b", r"\brather than\b", r"\bfix (it|this|that)\b",
+    r"\bchange\b[^.!?]{0,40}\bto\b",
+    r"\bchange (it|that|this|the)\b",
+    r"\breplace\b[^.!?]{0,40}\bwith\b",
+    r"\bswitch\b[^.!?]{0,40}\bto\b",
+    r"\binstead\b",
+    r"\brather than\b",
+    r"\bfix (it|this|that)\b",
     r"\b(make|keep|write|rewrite|reword|phrase|give|get) (it|this|that|them|these|those|the( \w+){0,2}?"
     r"|your( \w+)? (answer|reply|response)) (a (bit|little|lot) |much |way |even |slightly )?"
     r"(more|less|shorter|longer|simpler|clearer|smaller|bigger|faster|cleaner|friendlier|warmer|funnier|easier"
     r"|briefer|tighter)\b",
-    r"\bbe (a (bit|little|lot) |much |way )?(more|less) \w+", r"(^|[.!?]\s*)(a (bit|little|lot) )?(more|less) "
+    r"\bbe (a (bit|little|lot) |much |way )?(more|less) \w+",
+    r"(^|[.!?]\s*)(a (bit|little|lot) )?(more|less) "
     r"(?!of\b|please\b|than\b|importantly\b|or\b|and\b|likely\b)\w+",
     r"\b(shorter|briefer|terser|simpler|more concise|less verbose|less wordy)\b",
     r"\btoo (long|short|verbose|wordy|formal|informal|casual|complicated|complex|technical|simple|basic|vague"
     r"|generic|repetitive|much|many|slow|big|small|robotic|stiff|dense|brief|terse|lengthy|detailed|advanced"
     r"|cheesy|boring|bland|harsh|cold|dry|academic|fancy|flowery)\b",
-    r"\bwould be (great|nice|good|better|helpful) if\b", r"\bit'?d be (great|nice|good|better)\b",
-    r"\bwithout (the|any|all|those|these)\b", r"\bno more\b", r"\bget rid of\b",
+    r"\bwould be (great|nice|good|better|helpful) if\b",
+    r"\bit'?d be (great|nice|good|better)\b",
+    r"\bwithout (the|any|all|those|these)\b",
+    r"\bno more\b",
+    r"\bget rid of\b",
     r"\bno (bullet|bold|lists?|emojis?|markdown|headers|headings|jargon|intro|preamble|apolog)",
     # imperative don't / never / stop
     r"(^|[.!?;,:]\s*|\b(please|pls|and|but|also|just|so|ok|okay|then|again|seriously)\s+)"
     r"(don'?t|do not|never)\s+(?!mind\b)\w+",
     r"\b(stop|quit) (using|adding|putting|writing|saying|doing|making|being|with|giving|apologi\w*|repeating"
-    r"|including|it|that)\b", r"\bi (don'?t|do not) (like|want|need)\b", r"\bi (hate|dislike)\b",
+    r"|including|it|that)\b",
+    r"\bi (don'?t|do not) (like|want|need)\b",
+    r"\bi (hate|dislike)\b",
     r"👎|😡|🙄|😤",
 )
 
 # A leading "no" is a correction, unless it answers the assistant's own question.
 _NO_LEAD = re.compile(r"^\W*(no|nope|nah|nop)\b")
 WEAK = _rx(
-    r"^\W*actually\b", r"\bare you sure\b", r"^\W*i mean\b",
+    r"^\W*actually\b",
+    r"\bare you sure\b",
+    r"^\W*i mean\b",
     r"\b(remove|delete|drop|cut|lose|skip) (the|all|those|these|that|this|it|them|your)\b",
     r"^\W*(ugh+|meh)\b",
 )
@@ -112,12 +156,22 @@ APPROVAL = _rx(
     r"\b(perfect|excellent|awesome|amazing|brilliant|fantastic|wonderful|superb|great|nice|cool|sweet|neat"
     r"|lovely|exactly|outstanding|beautiful|impressive|helpful|lifesaver|legend|genius)\b",
     r"\b(that|this|it) (works|worked|did it|did the trick|fixed it|helps|helped|solved it|is correct"
-    r"|was correct|is right|was right)\b", r"\bworks (now|great|perfectly|fine|well|like a charm)\b",
-    r"\b(that'?s|that is|you'?re|you are) (right|correct|spot on|it exactly)\b", r"\bspot on\b", r"\bnailed it\b",
-    r"\blove (it|this|that)\b", r"\b(looks|sounds|seems) (good|great|right|fine|perfect)\b", r"\blgtm\b",
-    r"\b(good|nice|great) (job|work|answer|stuff|one)\b", r"\bwell done\b", r"\bmakes sense\b",
-    r"\bgot it\b", r"\bjust what i (needed|wanted|was looking for)\b", r"^\W*(good|very good|all good|not bad)\b",
-    r"\bthat'?s (good|fine|better|much better)\b", r"\bnot bad\b",
+    r"|was correct|is right|was right)\b",
+    r"\bworks (now|great|perfectly|fine|well|like a charm)\b",
+    r"\b(that'?s|that is|you'?re|you are) (right|correct|spot on|it exactly)\b",
+    r"\bspot on\b",
+    r"\bnailed it\b",
+    r"\blove (it|this|that)\b",
+    r"\b(looks|sounds|seems) (good|great|right|fine|perfect)\b",
+    r"\blgtm\b",
+    r"\b(good|nice|great) (job|work|answer|stuff|one)\b",
+    r"\bwell done\b",
+    r"\bmakes sense\b",
+    r"\bgot it\b",
+    r"\bjust what i (needed|wanted|was looking for)\b",
+    r"^\W*(good|very good|all good|not bad)\b",
+    r"\bthat'?s (good|fine|better|much better)\b",
+    r"\bnot bad\b",
     r"👍|🙏|👌|🎉|❤️|❤|😊|🙂|😀|😄|💯|🔥|🥳|✅",
 )
 
@@ -129,7 +183,8 @@ _NEGATORS = {"not", "no", "never", "hardly", "barely", "nothing", "far", "nor", 
 # case: a tool may return source code, where `error: str` or `failed = []` is no error.
 TOOL_NEUTRAL = _rx(
     r"(?i)\b(0|no|zero|without( any)?) (errors?|failures?|failed|exceptions?|issues?)\b",
-    r"(?i)\b(errors?|failures?|failed)\s*[:=]\s*0\b", r"(?i)\berror[_ ]?(code|count)\s*[:=]\s*0\b",
+    r"(?i)\b(errors?|failures?|failed)\s*[:=]\s*0\b",
+    r"(?i)\berror[_ ]?(code|count)\s*[:=]\s*0\b",
     r"(?i)\"(is_)?error\"\s*:\s*(null|none|false|\"\"|\[\]|\{\}|0)",
 )
 TOOL_ERROR = _rx(
@@ -137,24 +192,31 @@ TOOL_ERROR = _rx(
     # a line-start marker, but not code: `error = ...`, `error: str`, `error: ClawdError | None`
     r"(?m)^\s*(Error|ERROR|error|Fatal|FATAL|fatal|Failed|FAILED|failed|Failure|FAILURE|Exception|panic)\b"
     r"(?![^\n]*=)(?!\s*[(.\[])(?!\s*:\s*((str|int|bool|float|dict|list|Optional|None)\b|[A-Z]\w*\s*([|\[,]|$)))",
-    r"(?m)^\s*[\w.]*[A-Z]\w*(Error|Exception)\s*:", r"(?im)^\s*\[(error|fatal)\]", r"(?i)\bnpm err!",
+    r"(?m)^\s*[\w.]*[A-Z]\w*(Error|Exception)\s*:",
+    r"(?im)^\s*\[(error|fatal)\]",
+    r"(?i)\bnpm err!",
     r"(?i)\b(fatal|syntax|runtime|internal|unexpected|unhandled|uncaught) (error|exception)\b",
     r"(?i)\ban? (\w+ )?(error|exception) (occurred|occured|has occurred|was raised|was thrown)\b",
-    r"(?i)\b(raised|threw|thrown) an? (\w+ )?exception\b", r"(?i)\bfailed\b(?!\s*[=(.\[:])",
+    r"(?i)\b(raised|threw|thrown) an? (\w+ )?exception\b",
+    r"(?i)\bfailed\b(?!\s*[=(.\[:])",
     r"(?i)\b(command not found|no such file or directory|permission denied|segmentation fault|core dumped"
     r"|timed out|connection refused|not recognized as an internal or external command|access denied)\b",
     r"(?i)\b(exit(ed)?( with)?( code| status)?|return ?code|returncode|exit_code)\s*[:=]?\s*-?[1-9]\d*\b",
     r"(?i)\brc\s*[:=]\s*-?[1-9]\d*\b",
     r"(?i)\b(4\d\d|5\d\d) (not found|bad request|unauthorized|forbidden|internal server error"
-    r"|service unavailable|bad gateway|gateway timeout)\b", r"(?i)\bhttp(/[\d.]+)? (4\d\d|5\d\d)\b",
+    r"|service unavailable|bad gateway|gateway timeout)\b",
+    r"(?i)\bhttp(/[\d.]+)? (4\d\d|5\d\d)\b",
     r"(?i)\"?status(_code)?\"?\s*[:=]\s*(4\d\d|5\d\d)\b",
-    r"(?i)\"(is_)?error\"\s*:\s*(true|\"[^\"]+\"|\{)", r"(?i)\"status\"\s*:\s*\"(error|failed|failure)\"",
+    r"(?i)\"(is_)?error\"\s*:\s*(true|\"[^\"]+\"|\{)",
+    r"(?i)\"status\"\s*:\s*\"(error|failed|failure)\"",
 )
 
 _FENCE = re.compile(r"```.*?(```|$)", re.DOTALL)
 _WORD = re.compile(r"[a-z0-9]+(?:'[a-z]+)?")
-_STOP = set("a an the to of in on for and or is are was be it it's this that that's with as at by me my i i'm "
-            "you your please can could would will do does how what what's why which who when where pls".split())
+_STOP = set(
+    "a an the to of in on for and or is are was be it it's this that that's with as at by me my i i'm "
+    "you your please can could would will do does how what what's why which who when where pls".split()
+)
 # "another joke", "the next step": asking for a new item is not asking again
 _NEW_ITEM = re.compile(r"\b(another|next|new|more|also|different|other|else|too|now|then)\b")
 _SENTENCE = re.compile(r"(?<=[.!?])\s+|\n+")
@@ -273,8 +335,7 @@ class RulesJudge:
         # "not perfect", "isn't helpful": a negated approval is a complaint
         kept = [m for m in approvals if not _negated(text, m.start())]
         strong = strong or len(kept) < len(approvals)
-        weak = any(p.search(text) for p in WEAK) or (
-            bool(_NO_LEAD.search(text)) and not _ends_with_question(response))
+        weak = any(p.search(text) for p in WEAK) or (bool(_NO_LEAD.search(text)) and not _ends_with_question(response))
         first = min((m.start() for m in kept), default=None)
         reservation = first is not None and bool(_RESERVATION.search(text, first))
         return _Cues(strong, weak, any(p.search(text) for p in HOLD), bool(kept), reservation)

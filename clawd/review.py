@@ -34,22 +34,27 @@ async def learned_from(db: Database, rec: adapter_rows.AdapterRecord) -> list[di
         if turn is None:
             out.append({"turn_id": turn_id, "held_out": held_out, "missing": True})
             continue
-        out.append({
-            "turn_id": turn_id, "held_out": held_out, "missing": False,
-            "session_id": turn.session_id,
-            "prompt": last_user_text(turn.request.get("messages", [])),
-            "response": turn.response_text,
-            "reward": sig.reward if sig else None,
-            "reward_source": sig.reward_source if sig else None,
-            "hint": sig.hint if sig else None,
-            "next_state": sig.next_state if sig else None,
-            "vetoed": sig.vetoed if sig else False,
-        })
+        out.append(
+            {
+                "turn_id": turn_id,
+                "held_out": held_out,
+                "missing": False,
+                "session_id": turn.session_id,
+                "prompt": last_user_text(turn.request.get("messages", [])),
+                "response": turn.response_text,
+                "reward": sig.reward if sig else None,
+                "reward_source": sig.reward_source if sig else None,
+                "hint": sig.hint if sig else None,
+                "next_state": sig.next_state if sig else None,
+                "vetoed": sig.vetoed if sig else False,
+            }
+        )
     return out
 
 
-async def side_by_side(db: Database, model: ServedModel, registry, adapter_id: str, *,
-                       n: int = 3, max_tokens: int = 96) -> dict:
+async def side_by_side(
+    db: Database, model: ServedModel, registry, adapter_id: str, *, n: int = 3, max_tokens: int = 96
+) -> dict:
     """Greedy answers of base / previous (the adapter it continued from) / this adapter to the
     first `n` prompts it trained on. `registry` is a clawd.adapters.Registry."""
     rec = await registry.ensure_loaded(adapter_id)
@@ -71,10 +76,16 @@ async def side_by_side(db: Database, model: ServedModel, registry, adapter_id: s
         raw = turn.request.get("messages", [])
         messages = [Message.model_validate(m) for m in raw]
         answers = {c["name"]: await _complete(model, messages, params, c["adapter"]) for c in columns}
-        prompts.append({"turn_id": turn_id, "prompt": last_user_text(raw), "logged": turn.response_text,
-                        "answers": answers})
-    return {"adapter_id": rec.id, "parent_id": rec.parent_id, "columns": columns, "prompts": prompts,
-            "max_tokens": max_tokens}
+        prompts.append(
+            {"turn_id": turn_id, "prompt": last_user_text(raw), "logged": turn.response_text, "answers": answers}
+        )
+    return {
+        "adapter_id": rec.id,
+        "parent_id": rec.parent_id,
+        "columns": columns,
+        "prompts": prompts,
+        "max_tokens": max_tokens,
+    }
 
 
 async def _complete(model: ServedModel, messages: list[Message], params: SamplingParams, adapter: str | None) -> str:

@@ -40,7 +40,6 @@ from clawd.training.data import STOPPED, read_job, write_job
 log = logging.getLogger(__name__)
 
 
-
 @dataclass
 class TrainingStatus:
     state: str = "idle"  # idle | running | paused | error
@@ -73,9 +72,19 @@ def in_window(window: str, now: datetime) -> bool:
 
 
 class Scheduler:
-    def __init__(self, db: Database, model: ServedModel, registry: Registry, settings: TrainingSettings,
-                 paths: Paths, *, top_k: int = 4, python: str = sys.executable, poll_s: float = 30.0,
-                 resume_quiet_s: float = 5.0):
+    def __init__(
+        self,
+        db: Database,
+        model: ServedModel,
+        registry: Registry,
+        settings: TrainingSettings,
+        paths: Paths,
+        *,
+        top_k: int = 4,
+        python: str = sys.executable,
+        poll_s: float = 30.0,
+        resume_quiet_s: float = 5.0,
+    ):
         self.db = db
         self.model = model
         self.top_k = top_k  # mining.top_k: the jobs carry it to the trainer (a config reload updates it)
@@ -136,8 +145,10 @@ class Scheduler:
         if n < s.min_signals:
             return False, f"{n} of {s.min_signals} untrained signals ready"
         if n < self._retry_at:
-            return False, (f"the last run on these signals was refused or failed; waiting for "
-                           f"{self._retry_at - n} more (or `clawd train --now`)")
+            return False, (
+                f"the last run on these signals was refused or failed; waiting for "
+                f"{self._retry_at - n} more (or `clawd train --now`)"
+            )
         if in_window(s.window, now or datetime.now()):
             return True, f"{n} signals ready, inside the overnight window {s.window}"
         idle = self.idle_seconds()
@@ -157,8 +168,9 @@ class Scheduler:
             if self.running:
                 raise Busy(f"training job {self.status.job_id} is already running")
             job_dir = await self._resumable() or await self._new_job()
-            self.status = TrainingStatus(state="running", job_id=job_dir.name, phase="start", started_at=time.time(),
-                                         reason="running")
+            self.status = TrainingStatus(
+                state="running", job_id=job_dir.name, phase="start", started_at=time.time(), reason="running"
+            )
             self.history = []
             self._stopping = False
             self._run = asyncio.create_task(self._execute(job_dir), name=f"train-{job_dir.name}")
@@ -170,8 +182,11 @@ class Scheduler:
         if if_ready:
             n = await jobs.untrained_count(self.db, self.model.model_id, self.settings.holdout)
             if self.running or n < self.settings.min_signals:
-                reason = "a run is in progress" if self.running else \
-                    f"{n} of {self.settings.min_signals} untrained signals ready"
+                reason = (
+                    "a run is in progress"
+                    if self.running
+                    else f"{n} of {self.settings.min_signals} untrained signals ready"
+                )
                 return {"job_id": None, "state": self.status.state, "reason": reason}
         return {"job_id": await self.run_now(), "state": "running"}
 
@@ -213,9 +228,13 @@ class Scheduler:
                     log.warning("dropping unreadable training job %s: %s", d.name, e)
                 else:
                     turns = {s.turn_id for s in job.train + job.holdout}
-                    if (jobs.same_weights(job, self.model) and job.parent_id == (active.id if active else None)
-                            and job.config == asdict(self.settings) and job.top_k == self.top_k
-                            and not turns & gone):
+                    if (
+                        jobs.same_weights(job, self.model)
+                        and job.parent_id == (active.id if active else None)
+                        and job.config == asdict(self.settings)
+                        and job.top_k == self.top_k
+                        and not turns & gone
+                    ):
                         return d
             shutil.rmtree(d, ignore_errors=True)  # finished, never written, or stale
         return None
@@ -223,11 +242,12 @@ class Scheduler:
     async def _new_job(self) -> Path:
         parent = await adapter_rows.active(self.db)
         job_id = "ad-" + datetime.now().strftime("%Y%m%d-%H%M%S") + "-" + uuid.uuid4().hex[:4]
-        job = await jobs.build_job(self.db, self.model, self.settings, job_id=job_id, parent=parent,
-                                   top_k=self.top_k)
+        job = await jobs.build_job(self.db, self.model, self.settings, job_id=job_id, parent=parent, top_k=self.top_k)
         if not job.train:
-            raise InvalidRequest("nothing to train on: no ready signal that an adapter has not learned yet "
-                                 "(chat, give feedback or corrections, then try again)")
+            raise InvalidRequest(
+                "nothing to train on: no ready signal that an adapter has not learned yet "
+                "(chat, give feedback or corrections, then try again)"
+            )
         job_dir = self.jobs_dir / job_id
         job_dir.mkdir(parents=True)
         write_job(job, job_dir / "job.json")
@@ -238,8 +258,17 @@ class Scheduler:
         self.paths.log_dir.mkdir(parents=True, exist_ok=True)
         with open(self.paths.log_dir / "trainer.log", "ab") as log_file:
             self._proc = await asyncio.create_subprocess_exec(
-                self.python, "-m", "clawd.training.run", str(job_dir), "--cache", str(self.paths.cache_dir),
-                "--out", str(self.paths.adapters_dir), stdout=asyncio.subprocess.PIPE, stderr=log_file)
+                self.python,
+                "-m",
+                "clawd.training.run",
+                str(job_dir),
+                "--cache",
+                str(self.paths.cache_dir),
+                "--out",
+                str(self.paths.adapters_dir),
+                stdout=asyncio.subprocess.PIPE,
+                stderr=log_file,
+            )
             self._low_priority(self._proc.pid)
             done, error = None, None
             try:
@@ -261,8 +290,10 @@ class Scheduler:
             return
         if code != 0 or done is None:
             st.state = "error"
-            st.result = {"job_id": job_dir.name, "error": error or f"trainer exited with code {code} "
-                         f"(see {self.paths.log_dir / 'trainer.log'})"}
+            st.result = {
+                "job_id": job_dir.name,
+                "error": error or f"trainer exited with code {code} (see {self.paths.log_dir / 'trainer.log'})",
+            }
             shutil.rmtree(job_dir, ignore_errors=True)  # a failed job is rebuilt from fresh signals
             await self._wait_for_new_signals()
             return

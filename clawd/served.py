@@ -89,26 +89,33 @@ class ServedModel:
         prompt_ids = self.prompt_ids(messages)
         target = self.reply_ids(completion)
         n_ctx = self.info.n_ctx
-        self.check_context(len(prompt_ids) + len(target), f"prompt + completion need "
-                           f"{len(prompt_ids) + len(target)} tokens; the context is {n_ctx}")
+        self.check_context(
+            len(prompt_ids) + len(target),
+            f"prompt + completion need {len(prompt_ids) + len(target)} tokens; the context is {n_ctx}",
+        )
         # From an empty cache, so the same weights always give the same number (a diagnostic
         # compares these across adapters and over time; cached-prefix reuse moves the last bits).
         res = await self.runner.call(self.engine.score, prompt_ids, target, adapter=adapter, reuse_cache=False)
-        return {"adapter": adapter, "tokens": [self.engine.detokenize([t]) for t in target],
-                "logprobs": res.logprobs.tolist(), "total": float(res.logprobs.sum())}
+        return {
+            "adapter": adapter,
+            "tokens": [self.engine.detokenize([t]) for t in target],
+            "logprobs": res.logprobs.tolist(),
+            "total": float(res.logprobs.sum()),
+        }
 
-    async def complete(self, messages: list[Message], params: SamplingParams, *,
-                       adapter: str | None = None, background: bool = True) -> str:
+    async def complete(
+        self, messages: list[Message], params: SamplingParams, *, adapter: str | None = None, background: bool = True
+    ) -> str:
         """One reply as text, not logged as a turn: for judges and side-by-side answers.
         Background completions yield the engine to user requests (raising Preempted)."""
         rendered, prompt_ids = self.prompt(messages)
-        self.check_context(len(prompt_ids), f"the prompt needs {len(prompt_ids)} tokens; "
-                           f"the context is {self.info.n_ctx}")
+        self.check_context(
+            len(prompt_ids), f"the prompt needs {len(prompt_ids)} tokens; the context is {self.info.n_ctx}"
+        )
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         stops = StopMatcher(rendered.stops)
         out: list[str] = []
-        gen = self.runner.generate(prompt_ids, params, adapter=adapter, cancel=threading.Event(),
-                                   background=background)
+        gen = self.runner.generate(prompt_ids, params, adapter=adapter, cancel=threading.Event(), background=background)
         async with contextlib.aclosing(gen):
             async for tok in gen:
                 if tok.is_end:

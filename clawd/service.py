@@ -53,6 +53,7 @@ EXAMPLES = {"linux": Path("systemd"), "darwin": Path("launchd")}
 
 # ---- running system commands -----------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class CommandResult:
     returncode: int
@@ -95,14 +96,17 @@ def _dry_runner(echo: Callable[[str], None]) -> Runner:
 
 # ---- where things go ---------------------------------------------------------------------
 
+
 def manager(platform: str) -> str:
     """The service manager for a sys.platform value: "systemd" or "launchd"."""
     if platform.startswith("linux"):
         return "systemd"
     if platform == "darwin":
         return "launchd"
-    raise ClawdError(f"user services are supported on Linux (systemd) and macOS (launchd), not {platform}; "
-                     "run `clawd serve` from your own start-up script instead")
+    raise ClawdError(
+        f"user services are supported on Linux (systemd) and macOS (launchd), not {platform}; "
+        "run `clawd serve` from your own start-up script instead"
+    )
 
 
 def _home(env: Mapping[str, str]) -> Path:
@@ -146,8 +150,10 @@ def find_clawd(env: Mapping[str, str]) -> str:
     found = shutil.which("clawd", path=env.get("PATH") or None)
     if found:
         return os.path.abspath(found)
-    raise ClawdError(f"no `clawd` command next to {sys.executable} or on PATH: install clawd with pip or pipx, "
-                     "then run `clawd service install` again")
+    raise ClawdError(
+        f"no `clawd` command next to {sys.executable} or on PATH: install clawd with pip or pipx, "
+        "then run `clawd service install` again"
+    )
 
 
 def service_env(platform: str, clawd_executable: str, env: Mapping[str, str]) -> dict[str, str]:
@@ -177,6 +183,7 @@ def shadowed_settings(env: Mapping[str, str]) -> list[str]:
 
 # ---- rendering ------------------------------------------------------------------------------
 
+
 def _template(name: str) -> str:
     return resources.files("clawd").joinpath("units", name).read_text(encoding="utf-8")
 
@@ -194,8 +201,11 @@ def _sd_word(s: str, *, exec_line: bool = False) -> str:
 
 def _render_systemd(name: str, clawd_executable: str, env: dict[str, str]) -> str:
     environment = "\n".join(f"Environment={_sd_word(f'{k}={v}')}" for k, v in env.items())
-    text = (_template(name).replace("@CLAWD@", _sd_word(clawd_executable, exec_line=True))
-            .replace("@ENVIRONMENT@", environment))
+    text = (
+        _template(name)
+        .replace("@CLAWD@", _sd_word(clawd_executable, exec_line=True))
+        .replace("@ENVIRONMENT@", environment)
+    )
     assert not re.search(r"@[A-Z_]+@", text), f"unfilled placeholder in the systemd template {name}"
     return text
 
@@ -219,8 +229,10 @@ def _render_launchd(name: str, clawd_executable: str, env: dict[str, str], home:
     plist = fill(plistlib.loads(_template(name).encode("utf-8")))
     plist["EnvironmentVariables"] = dict(env)
     text = plistlib.dumps(plist, sort_keys=False).decode("utf-8")
-    note = (f"<!-- clawd user agent, written by `clawd service install` from clawd/units/{name}.\n"
-            "     Re-run it after moving or upgrading clawd; settings belong in config.toml. -->\n")
+    note = (
+        f"<!-- clawd user agent, written by `clawd service install` from clawd/units/{name}.\n"
+        "     Re-run it after moving or upgrading clawd; settings belong in config.toml. -->\n"
+    )
     return text.replace("<plist ", note + "<plist ", 1)
 
 
@@ -255,8 +267,11 @@ def render_examples(platform: str) -> dict[str, str]:
     out = {}
     for path, text in render_all(platform, f"{home}/.local/bin/clawd", env):
         if platform == "darwin":
-            text = text.replace("<!-- clawd user agent", "<!-- EXAMPLE for a user `you` (python -m clawd.service "
-                                "regenerates it).\n     clawd user agent", 1)
+            text = text.replace(
+                "<!-- clawd user agent",
+                "<!-- EXAMPLE for a user `you` (python -m clawd.service regenerates it).\n     clawd user agent",
+                1,
+            )
         else:
             text = "# EXAMPLE for a user `you` (python -m clawd.service regenerates it).\n" + text
         out[path.name] = text
@@ -274,6 +289,7 @@ def write_examples(root: Path) -> list[Path]:
 
 
 # ---- install / uninstall / status / logs ------------------------------------------------------
+
 
 def _user(env: Mapping[str, str], uid: int) -> str:
     return env.get("USER") or env.get("LOGNAME") or pwd.getpwuid(uid).pw_name
@@ -304,14 +320,23 @@ def _linger_lines(env: Mapping[str, str], uid: int, linger: bool | None) -> list
     if linger:
         return [f"lingering is on for {user}: clawd keeps running after logout and starts at boot."]
     what = "is off" if linger is False else "could not be checked"
-    return [f"lingering {what} for {user}: without it clawd stops at your last logout (SSH included) "
-            "and does not start at boot. Enable it with:",
-            f"    loginctl enable-linger {user}"]
+    return [
+        f"lingering {what} for {user}: without it clawd stops at your last logout (SSH included) "
+        "and does not start at boot. Enable it with:",
+        f"    loginctl enable-linger {user}",
+    ]
 
 
-def install(platform: str, env: Mapping[str, str], *, clawd_executable: str | None = None,
-            runner: Runner = run_command, echo: Callable[[str], None] = print, dry_run: bool = False,
-            uid: int | None = None) -> int:
+def install(
+    platform: str,
+    env: Mapping[str, str],
+    *,
+    clawd_executable: str | None = None,
+    runner: Runner = run_command,
+    echo: Callable[[str], None] = print,
+    dry_run: bool = False,
+    uid: int | None = None,
+) -> int:
     """Write the units, start the daemon now and at every login, and arm the overnight
     training trigger. Returns the exit code.
 
@@ -354,15 +379,21 @@ def install(platform: str, env: Mapping[str, str], *, clawd_executable: str | No
         if r.returncode != 0:
             echo(f"failed: {shlex.join(argv)}: {r.message}")
             if r.returncode == 127:
-                echo(f"{argv[0]} is not available here, so the service cannot be started; "
-                     "run `clawd serve` yourself, or remove the file with `clawd service uninstall`")
+                echo(
+                    f"{argv[0]} is not available here, so the service cannot be started; "
+                    "run `clawd serve` yourself, or remove the file with `clawd service uninstall`"
+                )
             else:
-                echo(f"the units are written to {path.parent}; fix the problem above and run "
-                     "`clawd service install` again")
+                echo(
+                    f"the units are written to {path.parent}; fix the problem above and run "
+                    "`clawd service install` again"
+                )
             return 1
     if not dry_run:
-        echo("clawd runs as a user service now and at every login, and trains at 03:00 when enough signals "
-             "are ready: `clawd service status`, `clawd service logs`.")
+        echo(
+            "clawd runs as a user service now and at every login, and trains at 03:00 when enough signals "
+            "are ready: `clawd service status`, `clawd service logs`."
+        )
     if kind == "systemd":
         linger = check_linger(env, uid, runner)
         if not dry_run:
@@ -371,8 +402,15 @@ def install(platform: str, env: Mapping[str, str], *, clawd_executable: str | No
     return 0
 
 
-def uninstall(platform: str, env: Mapping[str, str], *, runner: Runner = run_command,
-              echo: Callable[[str], None] = print, dry_run: bool = False, uid: int | None = None) -> int:
+def uninstall(
+    platform: str,
+    env: Mapping[str, str],
+    *,
+    runner: Runner = run_command,
+    echo: Callable[[str], None] = print,
+    dry_run: bool = False,
+    uid: int | None = None,
+) -> int:
     """Stop the service and the training trigger and remove their unit files. Returns the exit code."""
     uid = os.getuid() if uid is None else uid
     kind = manager(platform)
@@ -384,8 +422,11 @@ def uninstall(platform: str, env: Mapping[str, str], *, runner: Runner = run_com
         runner = _dry_runner(echo)
     # The trigger first, so it cannot start a run meanwhile; only units whose file is there.
     if kind == "systemd":
-        stops = {TIMER_UNIT: _systemctl("disable", "--now", TIMER_UNIT), TRAIN_UNIT: _systemctl("stop", TRAIN_UNIT),
-                 UNIT_NAME: _systemctl("disable", "--now", UNIT_NAME)}
+        stops = {
+            TIMER_UNIT: _systemctl("disable", "--now", TIMER_UNIT),
+            TRAIN_UNIT: _systemctl("stop", TRAIN_UNIT),
+            UNIT_NAME: _systemctl("disable", "--now", UNIT_NAME),
+        }
     else:
         stops = {f"{label}.plist": ["launchctl", "bootout", f"gui/{uid}/{label}"] for label in (TRAIN_LABEL, LABEL)}
     for name, argv in stops.items():
@@ -419,10 +460,19 @@ class ServiceStatus:
     notes: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict:
-        return {"manager": self.manager, "unit_path": str(self.unit_path), "installed": self.installed,
-                "enabled": self.enabled, "active": self.active, "state": self.state, "pid": self.pid,
-                "linger": self.linger, "training": self.training, "next_training": self.next_training,
-                "notes": self.notes}
+        return {
+            "manager": self.manager,
+            "unit_path": str(self.unit_path),
+            "installed": self.installed,
+            "enabled": self.enabled,
+            "active": self.active,
+            "state": self.state,
+            "pid": self.pid,
+            "linger": self.linger,
+            "training": self.training,
+            "next_training": self.next_training,
+            "notes": self.notes,
+        }
 
 
 def _training_status(st: ServiceStatus, uid: int, runner: Runner) -> None:
@@ -432,8 +482,9 @@ def _training_status(st: ServiceStatus, uid: int, runner: Runner) -> None:
         st.notes.append("overnight training is not set up: run `clawd service install` again to add it")
         return
     if st.manager == "systemd":
-        r = runner(_systemctl("show", TIMER_UNIT, "-p", "UnitFileState", "-p", "ActiveState",
-                              "-p", "NextElapseUSecRealtime"))
+        r = runner(
+            _systemctl("show", TIMER_UNIT, "-p", "UnitFileState", "-p", "ActiveState", "-p", "NextElapseUSecRealtime")
+        )
         props = dict(ln.partition("=")[::2] for ln in r.stdout.splitlines() if "=" in ln)
         st.training = f"{props.get('UnitFileState') or '?'}, {props.get('ActiveState') or '?'}"
         st.next_training = props.get("NextElapseUSecRealtime") or None
@@ -447,8 +498,9 @@ def _training_status(st: ServiceStatus, uid: int, runner: Runner) -> None:
     st.notes.append(f"overnight training: {TRAIN_LABEL} {st.training} (runs at 03:00, or on wake after sleep)")
 
 
-def status(platform: str, env: Mapping[str, str], *, runner: Runner = run_command,
-           uid: int | None = None) -> ServiceStatus:
+def status(
+    platform: str, env: Mapping[str, str], *, runner: Runner = run_command, uid: int | None = None
+) -> ServiceStatus:
     """Is the unit installed, loaded, running? Runs no command when it is not installed."""
     uid = os.getuid() if uid is None else uid
     kind = manager(platform)
@@ -489,13 +541,21 @@ def status(platform: str, env: Mapping[str, str], *, runner: Runner = run_comman
     return st
 
 
-def logs(platform: str, env: Mapping[str, str], *, follow: bool = True, runner: Runner = run_command,
-         echo: Callable[[str], None] = print, dry_run: bool = False) -> int:
+def logs(
+    platform: str,
+    env: Mapping[str, str],
+    *,
+    follow: bool = True,
+    runner: Runner = run_command,
+    echo: Callable[[str], None] = print,
+    dry_run: bool = False,
+) -> int:
     """Show the service's log and the overnight training's (journal, or the LaunchAgents'
     log files), following it."""
     if manager(platform) == "systemd":
-        argv = (["journalctl", "--user", "-u", "clawd", "-u", "clawd-train"]
-                + (["-f"] if follow else ["-n", "200", "--no-pager"]))
+        argv = ["journalctl", "--user", "-u", "clawd", "-u", "clawd-train"] + (
+            ["-f"] if follow else ["-n", "200", "--no-pager"]
+        )
     else:
         d = _launchd_log_dir(env)
         files = [d / "clawd.out.log", d / "clawd.err.log"]

@@ -64,8 +64,9 @@ def _flag(value) -> bool:
     return value is True or (isinstance(value, str) and value.strip().lower() in _TRUE)
 
 
-async def attribute(db: Database, req: ChatCompletionRequest, headers: Mapping[str, str],
-                    *, now: float | None = None) -> Attribution:
+async def attribute(
+    db: Database, req: ChatCompletionRequest, headers: Mapping[str, str], *, now: float | None = None
+) -> Attribution:
     """Decide session, turn type and regenerate link for one request."""
     now = time.time() if now is None else now
     turn_type = headers.get("x-turn-type") or req.turn_type or "main"

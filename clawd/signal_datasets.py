@@ -49,20 +49,24 @@ class ExportError(ClawdError):
 
 def _open_read_only(db_file: Path) -> sqlite3.Connection:
     if not db_file.is_file():
-        raise ExportError(f"no clawd database at {db_file}: nothing has been logged yet "
-                          "(chat through `clawd serve` first, or set CLAWD_HOME)")
+        raise ExportError(
+            f"no clawd database at {db_file}: nothing has been logged yet "
+            "(chat through `clawd serve` first, or set CLAWD_HOME)"
+        )
     try:
         conn = sqlite3.connect(db_file.resolve().as_uri() + "?mode=ro", uri=True, timeout=5.0)
         conn.row_factory = sqlite3.Row
         rows = conn.execute("SELECT MAX(id) FROM migrations").fetchall()
     except sqlite3.Error as e:
-        raise ExportError(f"cannot read {db_file} as a clawd database ({e}): check the file, "
-                          "or point CLAWD_HOME at the right home") from e
+        raise ExportError(
+            f"cannot read {db_file} as a clawd database ({e}): check the file, or point CLAWD_HOME at the right home"
+        ) from e
     level = rows[0][0] or 0
     if level > latest_id():
         conn.close()
-        raise ExportError(f"{db_file} was written by a newer clawd (schema {level}, this clawd knows "
-                          f"{latest_id()}): upgrade clawd")
+        raise ExportError(
+            f"{db_file} was written by a newer clawd (schema {level}, this clawd knows {latest_id()}): upgrade clawd"
+        )
     if level < _SIGNALS_MIGRATION:
         conn.close()
         raise ExportError(f"{db_file} predates training signals: run `clawd serve` once to upgrade it")
@@ -117,8 +121,11 @@ def trl_row(sig: signals.Signal, turn: turns.TurnRecord) -> dict[str, Any]:
         "reward": reward,
         "reward_source": sig.reward_source,
         "hint": sig.hint,
-        "teacher_prompt": _chat_messages([m.model_dump(exclude_none=True)
-                                          for m in teacher_messages(messages, sig.hint)]) if sig.hint else None,
+        "teacher_prompt": _chat_messages(
+            [m.model_dump(exclude_none=True) for m in teacher_messages(messages, sig.hint)]
+        )
+        if sig.hint
+        else None,
         "prompt_ids": turn.prompt_ids,
         "completion_ids": turn.response_ids,
         "completion_logprobs": _list(turn.response_logprobs),
@@ -139,6 +146,7 @@ def trl_row(sig: signals.Signal, turn: turns.TurnRecord) -> dict[str, Any]:
 
 def raw_row(sig: signals.Signal, turn: turns.TurnRecord) -> dict[str, Any]:
     """Every stored field of the signal and its turn, arrays as (nested) lists."""
+
     def plain(obj) -> dict:
         return {k: _list(v) if isinstance(v, np.ndarray) else v for k, v in obj.__dict__.items()}
 

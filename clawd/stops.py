@@ -21,7 +21,7 @@ class StopMatcher:
             self._held = ""
             return buf[:hit_at], True
         hold = self._longest_partial(buf)
-        self._held = buf[len(buf) - hold:] if hold else ""
+        self._held = buf[len(buf) - hold :] if hold else ""
         return buf[: len(buf) - hold], False
 
     def flush(self) -> str:

@@ -71,19 +71,18 @@ class JinjaFormat:
         from jinja2.sandbox import ImmutableSandboxedEnvironment
 
         def raise_exception(message):
-            raise InvalidRequest(f"the model's chat template refused the messages: {message}",
-                                 param="messages")
+            raise InvalidRequest(f"the model's chat template refused the messages: {message}", param="messages")
 
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                            extensions=["jinja2.ext.loopcontrols"])
+        env = ImmutableSandboxedEnvironment(
+            trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
+        )
         env.filters["tojson"] = lambda x, indent=None, **_: json.dumps(x, ensure_ascii=False, indent=indent)
-        env.globals.update(raise_exception=raise_exception,
-                           strftime_now=lambda fmt: date.today().strftime(fmt))
+        env.globals.update(raise_exception=raise_exception, strftime_now=lambda fmt: date.today().strftime(fmt))
         try:
             self._template = env.from_string(template)
         except jinja2.TemplateError as e:
             raise ConfigError(
-                f"the model's chat template does not parse ({e}); set model.chat_format = \"transcript\""
+                f'the model\'s chat template does not parse ({e}); set model.chat_format = "transcript"'
             ) from e
         self._bos, self._eos = bos_token, eos_token
 
@@ -97,19 +96,21 @@ class JinjaFormat:
             d["content"] = m.text()
             if m.tool_calls:
                 d["tool_calls"] = [
-                    {**c.model_dump(exclude_none=True),
-                     "function": {"name": c.function.name, "arguments": _json_or_text(c.function.arguments)}}
+                    {
+                        **c.model_dump(exclude_none=True),
+                        "function": {"name": c.function.name, "arguments": _json_or_text(c.function.arguments)},
+                    }
                     for c in m.tool_calls
                 ]
             msgs.append(d)
         try:
-            prompt = self._template.render(messages=msgs, tools=tools, add_generation_prompt=True,
-                                           bos_token=self._bos, eos_token=self._eos)
+            prompt = self._template.render(
+                messages=msgs, tools=tools, add_generation_prompt=True, bos_token=self._bos, eos_token=self._eos
+            )
         except InvalidRequest:
             raise
         except (jinja2.TemplateError, TypeError, ValueError, AttributeError) as e:  # filters raise plain errors too
-            raise InvalidRequest(f"the model's chat template failed on these messages: {e}",
-                                 param="messages") from e
+            raise InvalidRequest(f"the model's chat template failed on these messages: {e}", param="messages") from e
         # The template writes BOS itself when it wants one; tokenizing must not add a second.
         starts_with_bos = bool(self._bos) and prompt.startswith(self._bos)
         return Rendered(prompt, add_bos=not starts_with_bos)
@@ -127,6 +128,7 @@ def choose_format(setting: str, chat_template: str | None, bos: str, eos: str, a
     if setting == "transcript" or (setting == "auto" and not chat_template):
         return TranscriptFormat(add_bos=add_bos)
     if not chat_template:
-        raise ConfigError('model.chat_format = "template" but the model has no chat template; '
-                          'use "auto" or "transcript"')
+        raise ConfigError(
+            'model.chat_format = "template" but the model has no chat template; use "auto" or "transcript"'
+        )
     return JinjaFormat(chat_template, bos, eos)

@@ -25,8 +25,9 @@ def read_token(path: Path) -> str:
     try:
         token = path.read_text().strip()
     except OSError as e:
-        raise ConfigError(f"cannot read the token file {path} ({e.strerror}); delete it and "
-                          "restart the daemon to make a new one") from e
+        raise ConfigError(
+            f"cannot read the token file {path} ({e.strerror}); delete it and restart the daemon to make a new one"
+        ) from e
     if not token:
         raise ConfigError(f"the token file {path} is empty; delete it and restart the daemon")
     return token

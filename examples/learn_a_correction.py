@@ -32,14 +32,27 @@ from pathlib import Path
 import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
-TRAIN = [("France", "Paris"), ("Germany", "Berlin"), ("Italy", "Rome"), ("Egypt", "Cairo"),
-         ("Canada", "Ottawa"), ("Russia", "Moscow"), ("Greece", "Athens"), ("Kenya", "Nairobi")]
+TRAIN = [
+    ("France", "Paris"),
+    ("Germany", "Berlin"),
+    ("Italy", "Rome"),
+    ("Egypt", "Cairo"),
+    ("Canada", "Ottawa"),
+    ("Russia", "Moscow"),
+    ("Greece", "Athens"),
+    ("Kenya", "Nairobi"),
+]
 HELD_OUT = [("Spain", "Madrid"), ("Japan", "Tokyo"), ("Peru", "Lima")]
 # A demo should show an effect within one short run: a few small steps at a higher learning
 # rate than the default (which is tuned for a stream of many signals). Everything else is default.
-DEMO_SETTINGS = {"CLAWD_TRAINING_AUTO": "0", "CLAWD_TRAINING_LEARNING_RATE": "1e-4",
-                 "CLAWD_TRAINING_BATCH_SIZE": "4", "CLAWD_MINING_JUDGE": "rules",
-                 "CLAWD_MINING_HINT_JUDGE": "rules", "CLAWD_MINING_QUIET_S": "0"}
+DEMO_SETTINGS = {
+    "CLAWD_TRAINING_AUTO": "0",
+    "CLAWD_TRAINING_LEARNING_RATE": "1e-4",
+    "CLAWD_TRAINING_BATCH_SIZE": "4",
+    "CLAWD_MINING_JUDGE": "rules",
+    "CLAWD_MINING_HINT_JUDGE": "rules",
+    "CLAWD_MINING_QUIET_S": "0",
+}
 
 
 def say(quiet: bool, *parts) -> None:
@@ -50,8 +63,14 @@ def say(quiet: bool, *parts) -> None:
 def start_daemon(home: Path) -> tuple[subprocess.Popen, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("CLAWD_")}
     env.update(CLAWD_HOME=str(home), **DEMO_SETTINGS)
-    proc = subprocess.Popen([sys.executable, "-m", "clawd.cli", "serve", "--port", "0"], env=env, cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "clawd.cli", "serve", "--port", "0"],
+        env=env,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     for line in proc.stdout:
         if "clawd: serving" in line:
             url = line.split(" at ")[1].split("/v1")[0]
@@ -82,10 +101,12 @@ def margin(c: httpx.Client, adapter: str = "active") -> float:
     """Mean over held-out countries of log p(short answer) − log p(long answer)."""
     out = []
     for country, city in HELD_OUT:
+
         def total(text: str) -> float:
             r = c.post("/clawd/score", json={"messages": question(country), "completion": text, "adapter": adapter})
             r.raise_for_status()
             return r.json()["total"]
+
         out.append(total(f" {city}.") - total(f" The capital of {country} is {city}."))
     return sum(out) / len(out)
 
@@ -96,8 +117,12 @@ def teach(c: httpx.Client, quiet: bool) -> None:
         reply = first["choices"][0]["message"]["content"]
         correction = f"No, just the name please: {city}."
         say(quiet, f"  Q: capital of {country}?  A: {reply.strip()[:60]!r}  user: {correction!r}")
-        ask(c, question(country) + [{"role": "assistant", "content": reply}, {"role": "user", "content": correction}],
-            temperature=0.7, seed=100 + i)
+        ask(
+            c,
+            question(country) + [{"role": "assistant", "content": reply}, {"role": "user", "content": correction}],
+            temperature=0.7,
+            seed=100 + i,
+        )
         if i % 3 == 0:
             c.post("/clawd/feedback", json={"turn_id": first["id"], "rating": -1}).raise_for_status()
 
@@ -161,8 +186,11 @@ def main() -> int:
                 say(quiet, f"   not promoted: {st['result']}")
                 return 1
             gate = st["result"]["gate"]
-            say(quiet, f"4. adapter {st['result']['adapter_id']} passed the gate (gain {gate['gain']:+.4f} on "
-                       f"{gate['n']} {gate['judged_on']} signals, KL to base {gate['kl_to_base']:.4f}) and is live")
+            say(
+                quiet,
+                f"4. adapter {st['result']['adapter_id']} passed the gate (gain {gate['gain']:+.4f} on "
+                f"{gate['n']} {gate['judged_on']} signals, KL to base {gate['kl_to_base']:.4f}) and is live",
+            )
             result["margin_after"] = margin(c)
             result["answer_after"] = greedy(c, held)
             say(quiet, f"   after:  margin {result['margin_after']:+.3f} nats; {held}? -> {result['answer_after']!r}")
@@ -170,8 +198,11 @@ def main() -> int:
             result["margin_rollback"] = margin(c)
             result["answer_rollback"] = greedy(c, held)
             result["adapter"] = c.get(f"/clawd/adapters/{st['result']['adapter_id']}").json()  # kept, retired
-            say(quiet, f"5. rolled back: margin {result['margin_rollback']:+.3f} nats "
-                       f"({'identical to before' if result['margin_rollback'] == result['margin_before'] else 'DIFFERENT'})")
+            say(
+                quiet,
+                f"5. rolled back: margin {result['margin_rollback']:+.3f} nats "
+                f"({'identical to before' if result['margin_rollback'] == result['margin_before'] else 'DIFFERENT'})",
+            )
     finally:
         proc.terminate()
         proc.wait(60)

@@ -76,8 +76,9 @@ def start_daemon(home: Path, engine, env_extra: dict | None = None) -> RunningDa
     from clawd import daemon
 
     # Mining is off unless a test turns it on: it would compete with what a test times.
-    env = make_env(home, **{"CLAWD_SERVER_PORT": 0, "CLAWD_MINING_ENABLED": 0, "CLAWD_MINING_QUIET_S": 0,
-                            **(env_extra or {})})
+    env = make_env(
+        home, **{"CLAWD_SERVER_PORT": 0, "CLAWD_MINING_ENABLED": 0, "CLAWD_MINING_QUIET_S": 0, **(env_extra or {})}
+    )
     paths = resolve_paths(env)
     ensure_dirs(paths)
     settings = load_settings(paths.config_file, env)
@@ -140,9 +141,16 @@ def tiny_daemon(clawd_home, tiny_gguf):
 
 
 # Fast, decisive training on the tiny model: no holdout, a loose gate, a big learning rate.
-TRAIN_ENV = {"CLAWD_TRAINING_AUTO": 0, "CLAWD_TRAINING_HOLDOUT": 0.0, "CLAWD_TRAINING_KL_BOUND": 50.0,
-             "CLAWD_TRAINING_RANK": 4, "CLAWD_TRAINING_ALPHA": 8.0, "CLAWD_TRAINING_LEARNING_RATE": 0.02,
-             "CLAWD_TRAINING_BATCH_SIZE": 2, "CLAWD_TRAINING_EPOCHS": 2}
+TRAIN_ENV = {
+    "CLAWD_TRAINING_AUTO": 0,
+    "CLAWD_TRAINING_HOLDOUT": 0.0,
+    "CLAWD_TRAINING_KL_BOUND": 50.0,
+    "CLAWD_TRAINING_RANK": 4,
+    "CLAWD_TRAINING_ALPHA": 8.0,
+    "CLAWD_TRAINING_LEARNING_RATE": 0.02,
+    "CLAWD_TRAINING_BATCH_SIZE": 2,
+    "CLAWD_TRAINING_EPOCHS": 2,
+}
 
 
 @pytest.fixture(scope="session")
@@ -151,8 +159,10 @@ def tiny_mlx_dirs(tmp_path_factory, tiny_gguf) -> dict[str, Path]:
     from tests.tiny_mlx import build_tiny_mlx_dir
 
     where = tmp_path_factory.mktemp("tiny-mlx")
-    return {"dir": build_tiny_mlx_dir(where / "llama", tiny_gguf),
-            "dir-q4": build_tiny_mlx_dir(where / "llama-q4", tiny_gguf, bits=4)}
+    return {
+        "dir": build_tiny_mlx_dir(where / "llama", tiny_gguf),
+        "dir-q4": build_tiny_mlx_dir(where / "llama-q4", tiny_gguf, bits=4),
+    }
 
 
 @pytest.fixture
@@ -189,8 +199,11 @@ class ServeProcess:
             [sys.executable, "-m", "clawd.cli", "serve", "--port", "0", *args],
             # One thread: llama.cpp's threads spin-wait on each other, which on a loaded
             # 2-core CI machine turns a tiny model's milliseconds into seconds.
-            env=make_env(home, **{"CLAWD_MODEL_N_THREADS": 1, **(env_extra or {})}), cwd=ROOT,
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            env=make_env(home, **{"CLAWD_MODEL_N_THREADS": 1, **(env_extra or {})}),
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
         )
         self.output: list[str] = []
         self.url = None

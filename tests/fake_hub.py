@@ -71,11 +71,22 @@ class FakeHub:
             files = self.repos[repo]
             if what == "tree":
                 prefix = (sub or "/").strip("/")
-                entries = [{"type": "file", "path": p, "size": len(b), "oid": hashlib.sha1(b).hexdigest()}
-                           for p, b in sorted(files.items()) if not prefix or p.startswith(prefix + "/")]
+                entries = [
+                    {"type": "file", "path": p, "size": len(b), "oid": hashlib.sha1(b).hexdigest()}
+                    for p, b in sorted(files.items())
+                    if not prefix or p.startswith(prefix + "/")
+                ]
                 return self._json(req, entries)
-            return self._json(req, {"id": repo, "modelId": repo, "sha": self.sha(repo), "private": False,
-                                    "siblings": [{"rfilename": p} for p in sorted(files)]})
+            return self._json(
+                req,
+                {
+                    "id": repo,
+                    "modelId": repo,
+                    "sha": self.sha(repo),
+                    "private": False,
+                    "siblings": [{"rfilename": p} for p in sorted(files)],
+                },
+            )
         m = _RESOLVE.match(path)
         if m:
             repo, _rev, name = m.groups()

@@ -100,7 +100,7 @@ def parse_sse(raw: str) -> list:
         lines = block.split("\n")
         assert len(lines) == 1, f"multi-line event: {block!r}"
         assert lines[0].startswith("data: "), lines[0]
-        data = lines[0][len("data: "):]
+        data = lines[0][len("data: ") :]
         events.append(data if data == "[DONE]" else json.loads(data))
     return events
 
@@ -110,8 +110,7 @@ def parse_sse(raw: str) -> list:
 
 def test_sdk_non_streaming(fake_daemon):
     d = fake_daemon
-    raw = sdk(d).chat.completions.with_raw_response.create(
-        model=MODEL, messages=[user("hello there")], temperature=0)
+    raw = sdk(d).chat.completions.with_raw_response.create(model=MODEL, messages=[user("hello there")], temperature=0)
     c = raw.parse()
     assert c.object == "chat.completion"
     assert c.id.startswith("chatcmpl-")
@@ -134,8 +133,12 @@ def test_sdk_non_streaming(fake_daemon):
 def test_sdk_streaming(fake_daemon):
     d = fake_daemon
     stream = sdk(d).chat.completions.create(
-        model=MODEL, messages=[user("stream me please")], temperature=0, stream=True,
-        stream_options={"include_usage": True})
+        model=MODEL,
+        messages=[user("stream me please")],
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
     chunks = list(stream)
     expected = "You said: stream me please"
     assert {c.id for c in chunks} == {chunks[0].id}
@@ -161,8 +164,7 @@ def test_sdk_streaming(fake_daemon):
     assert rec.finish_reason == "stop"
 
     # without include_usage there is no usage chunk
-    chunks = list(sdk(d).chat.completions.create(
-        model=MODEL, messages=[user("abc")], temperature=0, stream=True))
+    chunks = list(sdk(d).chat.completions.create(model=MODEL, messages=[user("abc")], temperature=0, stream=True))
     assert all(len(c.choices) == 1 for c in chunks)
     assert chunks[-1].choices[0].finish_reason == "stop"
 
@@ -170,8 +172,7 @@ def test_sdk_streaming(fake_daemon):
 def test_length_limit(fake_daemon):
     d = fake_daemon
     for limit in ("max_tokens", "max_completion_tokens"):  # both names are accepted
-        c = sdk(d).chat.completions.create(model=MODEL, messages=[user("hello there")], temperature=0,
-                                           **{limit: 5})
+        c = sdk(d).chat.completions.create(model=MODEL, messages=[user("hello there")], temperature=0, **{limit: 5})
         assert c.choices[0].message.content == "You s"
         assert c.choices[0].finish_reason == "length"
         assert c.usage.completion_tokens == 5
@@ -179,8 +180,11 @@ def test_length_limit(fake_daemon):
         assert rec.finish_reason == "length"
         assert rec.sampling["max_tokens"] == 5
 
-    chunks = list(sdk(d).chat.completions.create(
-        model=MODEL, messages=[user("hello there")], temperature=0, stream=True, max_tokens=4))
+    chunks = list(
+        sdk(d).chat.completions.create(
+            model=MODEL, messages=[user("hello there")], temperature=0, stream=True, max_tokens=4
+        )
+    )
     assert "".join(c.choices[0].delta.content or "" for c in chunks) == "You "
     assert chunks[-1].choices[0].finish_reason == "length"
     assert turn_row(d, chunks[0].id).finish_reason == "length"
@@ -188,15 +192,15 @@ def test_length_limit(fake_daemon):
 
 def test_client_stop_strings(fake_daemon):
     d = fake_daemon
-    c = sdk(d).chat.completions.create(model=MODEL, messages=[user("hello there")], temperature=0,
-                                       stop=["said", "there"])
+    c = sdk(d).chat.completions.create(
+        model=MODEL, messages=[user("hello there")], temperature=0, stop=["said", "there"]
+    )
     assert c.choices[0].message.content == "You "
     assert c.choices[0].finish_reason == "stop"
     assert turn_row(d, c.id).response_text == "You "
 
     # The reply ends (EOS) while its tail could still start a stop string: the tail is text.
-    c = sdk(d).chat.completions.create(model=MODEL, messages=[user("hello X")], temperature=0,
-                                       stop=["XYZ"])
+    c = sdk(d).chat.completions.create(model=MODEL, messages=[user("hello X")], temperature=0, stop=["XYZ"])
     assert c.choices[0].message.content == "You said: hello X"
     assert c.choices[0].finish_reason == "stop"
     assert turn_row(d, c.id).response_text == "You said: hello X"
@@ -204,8 +208,12 @@ def test_client_stop_strings(fake_daemon):
 
 def test_extra_body_fields_tolerated(fake_daemon):
     d = fake_daemon
-    r = HTTP.post(d.url + CHAT, json=body(user("hi"), session_id="body-session", turn_type="side",
-                                           user="someone", metadata={"x": 1}, logit_bias={}))
+    r = HTTP.post(
+        d.url + CHAT,
+        json=body(
+            user("hi"), session_id="body-session", turn_type="side", user="someone", metadata={"x": 1}, logit_bias={}
+        ),
+    )
     assert r.status_code == 200, r.text
     rec = turn_row(d, r.json()["id"])
     assert (rec.session_id, rec.turn_type) == ("body-session", "side")
@@ -217,8 +225,9 @@ def test_extra_body_fields_tolerated(fake_daemon):
 
 def test_sse_wire_format(fake_daemon):
     d = fake_daemon
-    with HTTP.stream("POST", d.url + CHAT, timeout=30,
-                      json=body(user("wire"), stream=True, stream_options={"include_usage": True})) as r:
+    with HTTP.stream(
+        "POST", d.url + CHAT, timeout=30, json=body(user("wire"), stream=True, stream_options={"include_usage": True})
+    ) as r:
         assert r.status_code == 200
         assert r.headers["content-type"].startswith("text/event-stream")
         raw = r.read().decode()
@@ -253,8 +262,7 @@ def test_sse_wire_format(fake_daemon):
 def test_turn_row_matches_independent_score(fake_daemon):
     d = fake_daemon
     for stream in (False, True):
-        for sampling in ({"temperature": 0},
-                         {"temperature": 1.8, "seed": 7, "max_tokens": 40}):  # off-distribution too
+        for sampling in ({"temperature": 0}, {"temperature": 1.8, "seed": 7, "max_tokens": 40}):  # off-distribution too
             check_turn_row(d, stream, sampling)
 
 
@@ -263,7 +271,8 @@ def check_turn_row(d, stream: bool, sampling: dict) -> None:
     kw = dict(model=MODEL, messages=[user("score these tokens")], **sampling)
     if stream:
         raw = client.chat.completions.with_raw_response.create(
-            stream=True, stream_options={"include_usage": True}, **kw)
+            stream=True, stream_options={"include_usage": True}, **kw
+        )
         chunks = list(raw.parse())
         turn_id, usage = chunks[0].id, chunks[-1].usage
         text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
@@ -309,8 +318,7 @@ def test_three_turn_conversation_without_headers_is_one_session(fake_daemon):
     ids = []
     for i, text in enumerate(["first question", "second question", "third question"]):
         messages.append(user(text))
-        raw = client.chat.completions.with_raw_response.create(model=MODEL, messages=messages,
-                                                                temperature=0)
+        raw = client.chat.completions.with_raw_response.create(model=MODEL, messages=messages, temperature=0)
         c = raw.parse()
         ids.append((c.id, raw.headers["x-clawd-session-id"]))
         # clients echo the answer back, sometimes as parts
@@ -349,8 +357,11 @@ def test_regenerate_sets_requery_of(fake_daemon):
 
 def test_session_headers(fake_daemon):
     d = fake_daemon
-    r = HTTP.post(d.url + CHAT, json=body(user("heartbeat"), session_id="ignored"),
-                   headers={"X-Session-Id": "agent-7", "X-Turn-Type": "side", "X-Session-Done": "Yes"})
+    r = HTTP.post(
+        d.url + CHAT,
+        json=body(user("heartbeat"), session_id="ignored"),
+        headers={"X-Session-Id": "agent-7", "X-Turn-Type": "side", "X-Session-Done": "Yes"},
+    )
     assert r.status_code == 200
     assert r.headers["x-clawd-session-id"] == "agent-7"
     rec = turn_row(d, r.json()["id"])
@@ -387,8 +398,12 @@ def test_models(fake_daemon):
 # --- errors -----------------------------------------------------------------------------------
 
 BAD_REQUESTS = {
-    "malformed-json": (dict(content=b'{"model": "fake-model", "messages": [',
-                            headers={"content-type": "application/json"}), 400, None, "any"),
+    "malformed-json": (
+        dict(content=b'{"model": "fake-model", "messages": [', headers={"content-type": "application/json"}),
+        400,
+        None,
+        "any",
+    ),
     "non-object-body": (dict(json=[{"role": "user", "content": "hi"}]), 400, None, "any"),
     "string-body": (dict(json="hello"), 400, None, "any"),
     "missing-messages": (dict(json={"model": MODEL}), 400, None, "messages"),
@@ -398,16 +413,22 @@ BAD_REQUESTS = {
     "temperature-range": (dict(json=body(user("hi"), temperature=2.5)), 400, None, "temperature"),
     "n-2": (dict(json=body(user("hi"), n=2)), 400, None, "n"),
     "five-stops": (dict(json=body(user("hi"), stop=["a", "b", "c", "d", "e"])), 400, None, "stop"),
-    "last-is-assistant": (dict(json=body(user("hi"), {"role": "assistant", "content": "x"})),
-                          400, None, "messages"),
-    "bad-turn-type-header": (dict(json=body(user("hi")), headers={"X-Turn-Type": "cron"}),
-                             400, None, "turn_type"),
+    "last-is-assistant": (dict(json=body(user("hi"), {"role": "assistant", "content": "x"})), 400, None, "messages"),
+    "bad-turn-type-header": (dict(json=body(user("hi")), headers={"X-Turn-Type": "cron"}), 400, None, "turn_type"),
     "unknown-model": (dict(json={**body(user("hi")), "model": "gpt-4o"}), 404, "model_not_found", "model"),
-    "unknown-model-stream": (dict(json={**body(user("hi")), "model": "gpt-4o", "stream": True}),
-                             404, "model_not_found", "model"),
+    "unknown-model-stream": (
+        dict(json={**body(user("hi")), "model": "gpt-4o", "stream": True}),
+        404,
+        "model_not_found",
+        "model",
+    ),
     "context-length": (dict(json=body(user("x" * 600))), 400, "context_length_exceeded", "messages"),
-    "context-length-stream": (dict(json=body(user("x" * 600), stream=True)),
-                              400, "context_length_exceeded", "messages"),
+    "context-length-stream": (
+        dict(json=body(user("x" * 600), stream=True)),
+        400,
+        "context_length_exceeded",
+        "messages",
+    ),
 }
 
 
@@ -453,8 +474,7 @@ def test_sdk_raises_typed_errors(fake_daemon):
 def test_require_token(tmp_path):
     from clawd.engines.fake import Engine
 
-    d = start_daemon(tmp_path / "auth-home", Engine(n_ctx=512),
-                     env_extra={"CLAWD_SERVER_REQUIRE_TOKEN": "1"})
+    d = start_daemon(tmp_path / "auth-home", Engine(n_ctx=512), env_extra={"CLAWD_SERVER_REQUIRE_TOKEN": "1"})
     try:
         token = d.state.token
         assert token
@@ -535,9 +555,16 @@ def test_client_disconnect_cancels_a_non_streaming_turn(slow_fake_daemon, monkey
     monkeypatch.setattr(engine, "generate", counting_generate)
     host, port = d.url.removeprefix("http://").split(":")
     with socket.create_connection((host, int(port)), timeout=10) as sock:
-        sock.sendall(b"POST " + CHAT.encode() + b" HTTP/1.1\r\nHost: " + host.encode()
-                     + b"\r\nContent-Type: application/json\r\nContent-Length: "
-                     + str(len(payload)).encode() + b"\r\n\r\n" + payload)
+        sock.sendall(
+            b"POST "
+            + CHAT.encode()
+            + b" HTTP/1.1\r\nHost: "
+            + host.encode()
+            + b"\r\nContent-Type: application/json\r\nContent-Length: "
+            + str(len(payload)).encode()
+            + b"\r\n\r\n"
+            + payload
+        )
         assert a_few_tokens_in.wait(15), "generation never started"  # then hang up without reading the reply
     t_gone = time.perf_counter()
     deadline = time.time() + 15
@@ -568,15 +595,18 @@ def test_fair_queue_concurrent_streams(slow_fake_daemon):
         try:
             start.wait(10)
             pieces, times = [], []
-            with httpx.Client(timeout=60) as c, c.stream(
-                    "POST", d.url + CHAT,
-                    json=body(user(ask), stream=True, stream_options={"include_usage": True})) as r:
+            with (
+                httpx.Client(timeout=60) as c,
+                c.stream(
+                    "POST", d.url + CHAT, json=body(user(ask), stream=True, stream_options={"include_usage": True})
+                ) as r,
+            ):
                 assert r.status_code == 200
                 events = []
                 for line in r.iter_lines():
                     if not line.startswith("data: "):
                         continue
-                    data = line[len("data: "):]
+                    data = line[len("data: ") :]
                     if data == "[DONE]":
                         events.append(data)
                         continue
@@ -693,8 +723,13 @@ def test_score_route(fake_daemon):
     assert r.status_code == 200, r.text
     out = r.json()
     prompt = d.state.model.format.render([Message(**m) for m in messages]).prompt
-    expected = d.run(d.state.model.runner.call(engine.score, engine.tokenize(prompt, add_bos=True),
-                                              engine.tokenize("Madrid.", add_bos=False, special=False)))
+    expected = d.run(
+        d.state.model.runner.call(
+            engine.score,
+            engine.tokenize(prompt, add_bos=True),
+            engine.tokenize("Madrid.", add_bos=False, special=False),
+        )
+    )
     assert out["adapter"] is None
     assert len(out["tokens"]) == len(out["logprobs"]) == len(expected.logprobs)
     np.testing.assert_allclose(out["logprobs"], expected.logprobs, rtol=1e-6)
@@ -703,10 +738,14 @@ def test_score_route(fake_daemon):
     assert active["adapter"] is None and active["logprobs"] == out["logprobs"]  # no adapter is active
     assert HTTP.get(d.url + "/clawd/status").json()["turns"] == 0
 
-    assert_openai_error(HTTP.post(d.url + "/clawd/score", json={"messages": messages, "completion": "x",
-                                                                 "adapter": "a-missing"}), 404)
+    assert_openai_error(
+        HTTP.post(d.url + "/clawd/score", json={"messages": messages, "completion": "x", "adapter": "a-missing"}), 404
+    )
     assert_openai_error(HTTP.post(d.url + "/clawd/score", json={"messages": messages, "completion": ""}), 400)
     assert_openai_error(HTTP.post(d.url + "/clawd/score", json={"messages": [], "completion": "x"}), 400)
     too_long = "x" * (engine.info.n_ctx + 10)
-    assert_openai_error(HTTP.post(d.url + "/clawd/score", json={"messages": messages, "completion": too_long}),
-                        400, code="context_length_exceeded")
+    assert_openai_error(
+        HTTP.post(d.url + "/clawd/score", json={"messages": messages, "completion": too_long}),
+        400,
+        code="context_length_exceeded",
+    )

@@ -19,10 +19,34 @@ from tests.conftest import ROOT, make_env
 def test_short_learning_run_writes_json_table_and_plot(tmp_path):
     out = tmp_path / "out"
     proc = subprocess.run(
-        [sys.executable, "benchmarks/learning.py", "--users", "terse", "--methods", "hybrid", "--seeds", "0",
-         "--steps", "2", "--batch", "2", "--epochs", "2", "--eval-prompts", "2", "--max-tokens", "16",
-         "--out", str(out)],
-        cwd=ROOT, env=make_env(tmp_path / "unused-home"), capture_output=True, text=True, timeout=850)
+        [
+            sys.executable,
+            "benchmarks/learning.py",
+            "--users",
+            "terse",
+            "--methods",
+            "hybrid",
+            "--seeds",
+            "0",
+            "--steps",
+            "2",
+            "--batch",
+            "2",
+            "--epochs",
+            "2",
+            "--eval-prompts",
+            "2",
+            "--max-tokens",
+            "16",
+            "--out",
+            str(out),
+        ],
+        cwd=ROOT,
+        env=make_env(tmp_path / "unused-home"),
+        capture_output=True,
+        text=True,
+        timeout=850,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     r = json.loads((out / "results.json").read_text())
     (arm,) = r["arms"]

@@ -18,8 +18,13 @@ from clawd.judge_rules import RulesJudge
 
 
 def user_with(checks: list[dict], **over) -> object:
-    data = {"name": "u", "tasks": ["Say hi."], "held_out": ["Say bye."], "preference": {"checks": checks},
-            "reactions": {"corrections": ["Too long.", "Shorter please."], "approvals": ["Thanks."]}}
+    data = {
+        "name": "u",
+        "tasks": ["Say hi."],
+        "held_out": ["Say bye."],
+        "preference": {"checks": checks},
+        "reactions": {"corrections": ["Too long.", "Shorter please."], "approvals": ["Thanks."]},
+    }
     data.update(over)
     return parse_user(data)
 
@@ -87,10 +92,12 @@ def test_loader_rejects_bad_files_with_a_message_that_says_what_to_fix(override,
 
 def test_loader_reads_any_user_file_from_a_path(tmp_path):
     f = tmp_path / "pirate.toml"
-    f.write_text('name = "pirate"\nthumbs = 0.5\ntasks = ["Say hi."]\nheld_out = ["Say bye."]\n'
-                 '[preference]\nchecks = [{ kind = "ends_with", phrases = ["arr"] }]\n'
-                 '[reactions]\ncorrections = ["You forgot the arr.", "It should end with arr."]\n'
-                 'approvals = ["Thanks, matey."]\n')
+    f.write_text(
+        'name = "pirate"\nthumbs = 0.5\ntasks = ["Say hi."]\nheld_out = ["Say bye."]\n'
+        '[preference]\nchecks = [{ kind = "ends_with", phrases = ["arr"] }]\n'
+        '[reactions]\ncorrections = ["You forgot the arr.", "It should end with arr."]\n'
+        'approvals = ["Thanks, matey."]\n'
+    )
     u = resolve_user(str(f))
     assert u.name == "pirate" and u.complies("Ahoy, arr!") and not u.complies("Ahoy.")
     with pytest.raises(ConfigError, match="not valid TOML"):
@@ -134,17 +141,28 @@ def test_shipped_user_replies_are_understood_by_the_rules_judge(name):
         assert verdict is not None and verdict.score == 1, text
 
 
-@pytest.mark.parametrize("passed,expected", [
-    ([], None), ([True, True], None), ([True, True, True], 3), ([False, True, True, True], 4),
-    ([True, True, False, True, True, False, True, True, True, True], 9), ([False] * 10, None),
-])
+@pytest.mark.parametrize(
+    "passed,expected",
+    [
+        ([], None),
+        ([True, True], None),
+        ([True, True, True], 3),
+        ([False, True, True, True], 4),
+        ([True, True, False, True, True, False, True, True, True, True], 9),
+        ([False] * 10, None),
+    ],
+)
 def test_sessions_to_criterion(passed, expected):
     assert report.sessions_to_criterion(passed) == expected
 
 
 def test_compliance_at_reads_the_adapter_live_at_that_step():
-    curve = [{"step": 0, "greedy": 0.1}, {"step": 2, "greedy": 0.3}, {"step": 4, "greedy": 0.5},
-             {"step": 6, "greedy": 0.9}]
+    curve = [
+        {"step": 0, "greedy": 0.1},
+        {"step": 2, "greedy": 0.3},
+        {"step": 4, "greedy": 0.5},
+        {"step": 6, "greedy": 0.9},
+    ]
     assert report.compliance_at(curve, 4, "greedy") == 0.5
     assert report.compliance_at(curve, 5, "greedy") == 0.5  # step 5 happened inside the run that ended at 6
     assert report.compliance_at(curve, 8, "greedy") is None  # never got there
@@ -152,23 +170,36 @@ def test_compliance_at_reads_the_adapter_live_at_that_step():
 
 def test_markdown_table_means_over_seeds():
     def arm(seed, after):
-        return {"user": "terse", "method": "hybrid", "seed": seed,
-                "curve": [{"step": 0, "greedy": 0.0, "sampled": 0.0}, {"step": 4, "greedy": after, "sampled": after}],
-                "rounds": [{"promoted": True, "gate": {"kl_to_base": 0.1}},
-                           {"promoted": False, "gate": {"kl_to_base": 0.9}}],
-                "sessions": [{"passed": p} for p in (False, True, True, True)],
-                "teacher": {"greedy": 0.5 * seed, "sampled": 0.5}}
+        return {
+            "user": "terse",
+            "method": "hybrid",
+            "seed": seed,
+            "curve": [{"step": 0, "greedy": 0.0, "sampled": 0.0}, {"step": 4, "greedy": after, "sampled": after}],
+            "rounds": [
+                {"promoted": True, "gate": {"kl_to_base": 0.1}},
+                {"promoted": False, "gate": {"kl_to_base": 0.9}},
+            ],
+            "sessions": [{"passed": p} for p in (False, True, True, True)],
+            "teacher": {"greedy": 0.5 * seed, "sampled": 0.5},
+        }
+
     results = {"config": {"eval_temperature": 0.7, "kl_bound": 0.5}, "arms": [arm(0, 0.5), arm(1, 1.0)]}
     row = report.markdown(results).splitlines()[-1]
     assert row.startswith("| terse | hybrid | 2 | 0% / 0% | 25% / 50% | 75% / 75% | – / – |"), row
     assert "| 4.0 |" in row and "0.100 (0.5)" in row and "1.0 of 2.0" in row
 
 
-@pytest.mark.parametrize("method,w_rl,w_opd,teacher", [
-    ("hybrid", 1.0, 1.0, "base"), ("rl", 1.0, 0.0, "base"), ("opd", 0.0, 1.0, "base"),
-    ("hybrid-self", 1.0, 1.0, "policy"), ("opd-self", 0.0, 1.0, "policy")])
-def test_each_method_is_only_loss_weights_and_teacher_and_the_daemon_reads_them(tmp_path, method, w_rl, w_opd,
-                                                                                teacher):
+@pytest.mark.parametrize(
+    "method,w_rl,w_opd,teacher",
+    [
+        ("hybrid", 1.0, 1.0, "base"),
+        ("rl", 1.0, 0.0, "base"),
+        ("opd", 0.0, 1.0, "base"),
+        ("hybrid-self", 1.0, 1.0, "policy"),
+        ("opd-self", 0.0, 1.0, "policy"),
+    ],
+)
+def test_each_method_is_only_loss_weights_and_teacher_and_the_daemon_reads_them(tmp_path, method, w_rl, w_opd, teacher):
     from clawd.bench.learning import Budget, daemon_settings
     from clawd.config import load_settings
 
@@ -184,11 +215,19 @@ def test_each_method_is_only_loss_weights_and_teacher_and_the_daemon_reads_them(
 def test_a_run_cut_short_still_writes_what_it_measured(tmp_path):
     from clawd.bench.learning import _write
 
-    measured = {"user": "terse", "method": "rl", "seed": 0, "curve": [{"step": 0, "greedy": 0.5, "sampled": 0.25}],
-                "rounds": [], "sessions": []}
+    measured = {
+        "user": "terse",
+        "method": "rl",
+        "seed": 0,
+        "curve": [{"step": 0, "greedy": 0.5, "sampled": 0.25}],
+        "rounds": [],
+        "sessions": [],
+    }
     started = {"user": "terse", "method": "opd", "seed": 0}  # killed before its first measurement
-    results = {"config": {"eval_temperature": 0.7, "kl_bound": 0.5, "command": "clawd bench learning"},
-               "arms": [measured, started]}
+    results = {
+        "config": {"eval_temperature": 0.7, "kl_bound": 0.5, "command": "clawd bench learning"},
+        "arms": [measured, started],
+    }
     _write(results, tmp_path, elapsed=12.0)
     table = (tmp_path / "results.md").read_text()
     assert "| terse | rl | 1 | 50% / 25% | – / – | – / – |" in table and "| opd |" not in table
@@ -221,8 +260,9 @@ def test_the_teacher_measurement_asks_with_the_hint_the_miner_would_make(name):
     assert len(d.asked) == 6 and len(point["answers"]) == 3  # greedy and sampled per prompt
     for i, answer in enumerate(point["answers"]):
         prompt, correction = user.held_out[i], user.corrections[i % len(user.corrections)]
-        mined = RulesJudge().correction(JudgeInput([{"role": "user", "content": prompt}], "an answer", correction,
-                                                   "user"))
+        mined = RulesJudge().correction(
+            JudgeInput([{"role": "user", "content": prompt}], "an answer", correction, "user")
+        )
         assert mined and answer["prompt"] == prompt + HINT_MARKER + mined
         assert d.asked[2 * i] == d.asked[2 * i + 1] == [{"role": "user", "content": answer["prompt"]}]
     assert point["greedy"] == point["sampled"] == user.complies("fine")
@@ -231,8 +271,11 @@ def test_the_teacher_measurement_asks_with_the_hint_the_miner_would_make(name):
 def test_the_teacher_measurement_skips_corrections_that_make_no_hint():
     from clawd.bench.learning import Budget, measure, teacher_context
 
-    user = user_with([{"kind": "lowercase"}], held_out=["say bye.", "say hi."],
-                     reactions={"corrections": ["Hmm.", "Well well."], "approvals": ["Thanks."]})  # no cue: no hint
+    user = user_with(
+        [{"kind": "lowercase"}],
+        held_out=["say bye.", "say hi."],
+        reactions={"corrections": ["Hmm.", "Well well."], "approvals": ["Thanks."]},
+    )  # no cue: no hint
     d = RecordingDaemon(lambda content: "ok")
     point = measure(d, user, Budget(eval_prompts=2), "teacher", hinted=teacher_context)
     assert d.asked == [] and point["greedy"] is None and point["sampled"] is None
@@ -244,12 +287,31 @@ def test_merge_pools_seeds_of_comparable_runs_and_refuses_others(tmp_path, capsy
     from clawd.bench.learning import main
 
     def run(seed, after, lr=1e-4, model="m.gguf"):
-        arm = {"user": "terse", "method": "rl", "seed": seed, "rounds": [], "sessions": [],
-               "curve": [{"step": 0, "greedy": 0.0, "sampled": 0.0}, {"step": 4, "greedy": after, "sampled": after}]}
+        arm = {
+            "user": "terse",
+            "method": "rl",
+            "seed": seed,
+            "rounds": [],
+            "sessions": [],
+            "curve": [{"step": 0, "greedy": 0.0, "sampled": 0.0}, {"step": 4, "greedy": after, "sampled": after}],
+        }
         cut_short = {"user": "terse", "method": "opd", "seed": seed}  # killed before its first measurement
-        config = {"batch": 4, "epochs": 2, "eval_prompts": 8, "max_tokens": 48, "learning_rate": lr, "kl_bound": 0.5,
-                  "holdout": 0.0, "temperature": 0.7, "extra": {}, "eval_temperature": 0.7, "model": model,
-                  "seeds": [seed], "methods": ["rl", "opd"], "command": f"clawd bench learning --seeds {seed}"}
+        config = {
+            "batch": 4,
+            "epochs": 2,
+            "eval_prompts": 8,
+            "max_tokens": 48,
+            "learning_rate": lr,
+            "kl_bound": 0.5,
+            "holdout": 0.0,
+            "temperature": 0.7,
+            "extra": {},
+            "eval_temperature": 0.7,
+            "model": model,
+            "seeds": [seed],
+            "methods": ["rl", "opd"],
+            "command": f"clawd bench learning --seeds {seed}",
+        }
         path = tmp_path / f"run{seed}-{lr}-{model}.json"
         path.write_text(json.dumps({"config": config, "arms": [arm, cut_short], "wall_s": 100.0}))
         return path
@@ -262,8 +324,11 @@ def test_merge_pools_seeds_of_comparable_runs_and_refuses_others(tmp_path, capsy
     merged = json.loads((out / "results.json").read_text())
     assert len(merged["arms"]) == 4 and merged["config"]["seeds"] == [0, 1]
 
-    for other, why in (({"lr": 5e-4}, "other learning_rate"), ({"model": "big.gguf"}, "other model"),
-                       ({}, "the same user, method and seed twice")):
+    for other, why in (
+        ({"lr": 5e-4}, "other learning_rate"),
+        ({"model": "big.gguf"}, "other model"),
+        ({}, "the same user, method and seed twice"),
+    ):
         assert main(["--merge", str(run(0, 0.5)), str(run(0, 1.0, **other)), "--out", str(tmp_path / "x")]) == 1
         assert why in capsys.readouterr().err and not (tmp_path / "x").exists()
     assert main(["--merge", str(out / "results.json"), "--out", str(out)]) == 1

@@ -38,17 +38,27 @@ def test_engine_module_defers_llama_cpp_until_used():
 
 # Every module the trainer child (`python -m clawd.training.run`) imports, its function-level
 # imports included: the job file is its whole contract with the daemon.
-TRAINER_CHILD = ("clawd.training.run", "clawd.training.data", "clawd.training.evaluate", "clawd.training.loss",
-                 "clawd.training.weights", "clawd.training.export", "clawd.training.blas")
+TRAINER_CHILD = (
+    "clawd.training.run",
+    "clawd.training.data",
+    "clawd.training.evaluate",
+    "clawd.training.loss",
+    "clawd.training.weights",
+    "clawd.training.export",
+    "clawd.training.blas",
+)
 
 
 def test_trainer_child_loads_nothing_of_the_daemon():
-    probe = (f"import {', '.join(TRAINER_CHILD)}\nimport sys, json\n"
-             "print(json.dumps(sorted(sys.modules)))")
+    probe = f"import {', '.join(TRAINER_CHILD)}\nimport sys, json\nprint(json.dumps(sorted(sys.modules)))"
     out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True)
     mods = set(json.loads(out.stdout.strip().splitlines()[-1]))
     assert set(TRAINER_CHILD) <= mods  # the probe really imported them
-    daemon_side = {m for m in mods if m.split(".")[0] == "aiosqlite"
-                   or m in ("clawd.chat", "clawd.miner", "clawd.jobs", "clawd.served", "clawd.daemon", "clawd.api")
-                   or m.startswith("clawd.store")}
+    daemon_side = {
+        m
+        for m in mods
+        if m.split(".")[0] == "aiosqlite"
+        or m in ("clawd.chat", "clawd.miner", "clawd.jobs", "clawd.served", "clawd.daemon", "clawd.api")
+        or m.startswith("clawd.store")
+    }
     assert not daemon_side

@@ -109,13 +109,16 @@ def test_waiting_for_the_daemon_ends_at_any_answer(home_env, monkeypatch):
         cli._wait_for_daemon(argparse.Namespace(), 0)
 
 
-@pytest.mark.parametrize(("host", "url"), [
-    ("127.0.0.1", "http://127.0.0.1:9"),
-    ("0.0.0.0", "http://127.0.0.1:9"),  # a wildcard listen address is reached on loopback
-    ("::", "http://127.0.0.1:9"),
-    ("::1", "http://[::1]:9"),
-    ("example.lan", "http://example.lan:9"),
-])
+@pytest.mark.parametrize(
+    ("host", "url"),
+    [
+        ("127.0.0.1", "http://127.0.0.1:9"),
+        ("0.0.0.0", "http://127.0.0.1:9"),  # a wildcard listen address is reached on loopback
+        ("::", "http://127.0.0.1:9"),
+        ("::1", "http://[::1]:9"),
+        ("example.lan", "http://example.lan:9"),
+    ],
+)
 def test_daemon_url(host, url):
     settings = load_settings(Path("/nonexistent/config.toml"), {}, {"server.host": host, "server.port": 9})
     assert daemon_url(settings) == url

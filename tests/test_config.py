@@ -165,11 +165,13 @@ def test_default_config_parses_back_to_defaults_and_has_every_help(cfg):
         assert help_text in unwrapped
     # No value is set: every non-blank line is a comment or a (empty) table header.
     for line in text.splitlines():
-        assert not line or line.startswith("#") or line in ("[server]", "[model]", "[generation]", "[mining]", "[training]"), line
+        assert (
+            not line
+            or line.startswith("#")
+            or line in ("[server]", "[model]", "[generation]", "[mining]", "[training]")
+        ), line
     # Uncommenting every value line reproduces the defaults exactly.
-    live = "\n".join(
-        line[2:] if re.match(r"# [a-z_]+ = ", line) else line for line in text.splitlines()
-    )
+    live = "\n".join(line[2:] if re.match(r"# [a-z_]+ = ", line) else line for line in text.splitlines())
     doc = tomllib.loads(live)
     assert doc["log_level"] == "info" and doc["server"]["port"] == 8757 and doc["model"]["path"] == ""
     cfg.write_text(live)

@@ -34,8 +34,14 @@ def run_doctor(home: Path, tmp_path: Path, *args: str, **env_extra) -> subproces
     user_home.mkdir(exist_ok=True)
     env = make_env(home, HOME=str(user_home), CLAWD_SERVER_PORT=free_port(), **env_extra)
     env.pop("XDG_CONFIG_HOME", None)
-    return subprocess.run([sys.executable, "-m", "clawd.cli", "doctor", *args], env=env, cwd=ROOT,
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "clawd.cli", "doctor", *args],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def make_db(home: Path) -> Path:
@@ -74,8 +80,7 @@ def test_doctor_on_a_working_home(clawd_home, tmp_path, tiny_gguf):
     assert by_check["service"][0] == "ok" and by_check["port"][0] == "ok"
     assert p.returncode == (1 if any(lvl == "error" for lvl, _ in by_check.values()) else 0), p.stdout
 
-    j = json.loads(run_doctor(clawd_home, tmp_path, "--json", "--skip-engine",
-                              CLAWD_MODEL_PATH=str(tiny_gguf)).stdout)
+    j = json.loads(run_doctor(clawd_home, tmp_path, "--json", "--skip-engine", CLAWD_MODEL_PATH=str(tiny_gguf)).stdout)
     checks = {c["check"]: c for c in j["checks"]}
     assert "engine" not in checks and checks["model"]["level"] == "ok"
     assert j["ok"] is all(c["level"] != "error" for c in j["checks"])
@@ -137,8 +142,13 @@ def test_service_check(tmp_path):
     env = {"HOME": str(tmp_path), "USER": "tester", "PATH": "/usr/bin:/bin"}
     none = doctor.check_service("linux", env, runner=None)  # not installed: asks nothing
     assert none.level == "ok" and "not installed" in none.detail
-    service.install("linux", env, clawd_executable="/opt/clawd/bin/clawd", runner=lambda *a, **k: CommandResult(0),
-                    echo=lambda _: None)
+    service.install(
+        "linux",
+        env,
+        clawd_executable="/opt/clawd/bin/clawd",
+        runner=lambda *a, **k: CommandResult(0),
+        echo=lambda _: None,
+    )
 
     def runner(argv, **_):
         if argv[:3] == ["systemctl", "--user", "is-active"]:
@@ -178,8 +188,9 @@ def test_doctor_loads_the_configured_engine(clawd_home, tmp_path, tiny_gguf):
     assert checks["engine"][0] == "warning"  # nothing loadable to probe
 
     (model_dir / "config.json").unlink()
-    checks = by_check(run_doctor(clawd_home, tmp_path, "--skip-engine", CLAWD_MODEL_ENGINE="mlx",
-                                 CLAWD_MODEL_PATH=str(model_dir)))
+    checks = by_check(
+        run_doctor(clawd_home, tmp_path, "--skip-engine", CLAWD_MODEL_ENGINE="mlx", CLAWD_MODEL_PATH=str(model_dir))
+    )
     assert checks["model"][0] == "error" and "without config.json" in checks["model"][1]
 
 

@@ -47,8 +47,13 @@ SHARED = "The following is a conversation between a helpful assistant and a user
 TAIL_A = "\nUser: tell me about the weather in Paris\nAssistant:"
 TAIL_B = "\nUser: what is two plus two?\nAssistant:"
 
-KINDS = {"fake": None, "llamacpp-llama": "llama", "llamacpp-qwen2": "qwen2", "llamacpp-gemma3": "gemma3",
-         "openai": "upstream"}
+KINDS = {
+    "fake": None,
+    "llamacpp-llama": "llama",
+    "llamacpp-qwen2": "qwen2",
+    "llamacpp-gemma3": "gemma3",
+    "openai": "upstream",
+}
 # The mlx engine: kind -> (architecture, model form): a GGUF file through the bridge, or an MLX dir.
 MLX_KINDS = {"mlx-gemma3": ("gemma3", "gguf"), "mlx-llama": ("llama", "dir"), "mlx-llama-q4": ("llama", "dir-q4")}
 
@@ -59,7 +64,7 @@ _NO_TOPK = "llama_cpp.server keys top log-probs by token text (several tokens sh
 OPENAI_CANNOT = {
     "test_info_fields": "the OpenAI API does not publish architecture, vocabulary size or BOS/EOS text",
     "test_special_tokens_parse_only_when_asked": "llama_cpp.server always parses special-token text and "
-                                                "renders BOS/EOS as empty text",
+    "renders BOS/EOS as empty text",
     "test_generate_yields_sampled_tokens": _NO_IDS,
     "test_greedy_is_deterministic_and_is_the_argmax": _NO_TOPK,
     "test_closing_the_iterator_early": _NO_TOPK,
@@ -67,7 +72,7 @@ OPENAI_CANNOT = {
     "test_score_rows_are_a_distribution": _NO_TOPK,
     "test_prefix_cache_never_contaminates": _NO_TOPK,
     "test_generation_stops_at_the_end_of_the_context": "llama_cpp.server fails (and shuts down) when prompt + "
-                                                       "max_tokens reaches n_ctx: clawd keeps one cell free",
+    "max_tokens reaches n_ctx: clawd keeps one cell free",
 }
 
 
@@ -114,8 +119,11 @@ def make_engine(request, tiny_gguf, tmp_path_factory):
     else:
         from clawd.engines.llamacpp import Engine as LlamaCpp
 
-        path = tiny_gguf if arch == "llama" else build_tiny_gguf(
-            tmp_path_factory.mktemp(f"contract-{arch}") / f"tiny-{arch}.gguf", arch=arch)
+        path = (
+            tiny_gguf
+            if arch == "llama"
+            else build_tiny_gguf(tmp_path_factory.mktemp(f"contract-{arch}") / f"tiny-{arch}.gguf", arch=arch)
+        )
 
         def factory():
             return LlamaCpp(path, n_ctx=N_CTX, n_threads=1, model_id=f"tiny-{arch}")
@@ -175,8 +183,7 @@ def test_info_fields(engine, make_engine):
     assert isinstance(info.metadata, dict)
 
 
-@pytest.mark.parametrize(
-    "text", ["Hello, wörld! 123", "  leading spaces\tand tabs\nnew line", "日本語 ünïcödé 🙂", ""])
+@pytest.mark.parametrize("text", ["Hello, wörld! 123", "  leading spaces\tand tabs\nnew line", "日本語 ünïcödé 🙂", ""])
 def test_tokenize_round_trip(engine, text):
     ids = engine.tokenize(text, add_bos=False)
     n_vocab = engine.info.n_vocab  # 0: not published (an upstream engine); then only ids >= 0 are checkable
@@ -405,8 +412,7 @@ def test_prefix_cache_never_contaminates(make_engine):
             res = used.score(prompt, targets, top_k=4)
             if which == "B":
                 got.append(step)
-                np.testing.assert_allclose(res.logprobs, want_score.logprobs, atol=CACHE_ATOL, rtol=0,
-                                           err_msg=step)
+                np.testing.assert_allclose(res.logprobs, want_score.logprobs, atol=CACHE_ATOL, rtol=0, err_msg=step)
                 np.testing.assert_allclose(res.top_logprobs, want_score.top_logprobs, atol=CACHE_ATOL, rtol=0)
                 assert np.array_equal(res.top_ids, want_score.top_ids), step
         else:
@@ -415,8 +421,9 @@ def test_prefix_cache_never_contaminates(make_engine):
                 got.append(step)
                 want = want_greedy if what == "gen" else want_sampled
                 assert _ids(toks) == _ids(want), step
-                np.testing.assert_allclose([t.logprob for t in toks], [t.logprob for t in want],
-                                           atol=CACHE_ATOL, rtol=0, err_msg=step)
+                np.testing.assert_allclose(
+                    [t.logprob for t in toks], [t.logprob for t in want], atol=CACHE_ATOL, rtol=0, err_msg=step
+                )
     assert len(got) == 6
     # Scoring a sequence that extends what generation left in the cache.
     cont = _ids(want_greedy)

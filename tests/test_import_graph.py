@@ -117,8 +117,9 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
-def reachable(graph: dict[str, set[str]], start: Iterable[str], *,
-              skip: set[tuple[str, str]] = frozenset()) -> dict[str, str]:
+def reachable(
+    graph: dict[str, set[str]], start: Iterable[str], *, skip: set[tuple[str, str]] = frozenset()
+) -> dict[str, str]:
     """Every module reachable from `start` -> the module that imports it on one path there
     (to name the chain in a failure). `skip` holds (importer, imported-prefix) edges to ignore."""
     via: dict[str, str] = {}
@@ -155,6 +156,7 @@ def _under(prefix: str) -> list[str]:
 
 # ---- no cycles --------------------------------------------------------------------------------
 
+
 def test_the_walker_reports_a_cycle(tmp_path):
     # A walker that never fails proves nothing: two modules importing each other, one of them
     # inside a function and relatively, must come out as one cycle.
@@ -173,10 +175,12 @@ def test_the_walker_reports_a_cycle(tmp_path):
 def test_clawd_has_no_import_cycle():
     found = cycles(GRAPH)
     assert not found, "import cycles (each: modules that import each other, directly or not):\n" + "\n".join(
-        " <-> ".join(c) for c in found)
+        " <-> ".join(c) for c in found
+    )
 
 
 # ---- contracts (DESIGN.md), transitively ---------------------------------------------------------
+
 
 def test_clawd_never_reaches_the_tui_or_textual():
     # `clawd chat` (cli.cmd_chat) is the one edge that opens the TUI, lazily, at the CLI's edge.

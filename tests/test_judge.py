@@ -86,11 +86,15 @@ def test_majority(votes, expected):
 
 
 HINTS = [
-    ("The user wanted Python.\n[HINT_START]Write the function in Python 3 with type hints.[HINT_END]\n\\boxed{1}",
-     "Write the function in Python 3 with type hints."),
+    (
+        "The user wanted Python.\n[HINT_START]Write the function in Python 3 with type hints.[HINT_END]\n\\boxed{1}",
+        "Write the function in Python 3 with type hints.",
+    ),
     ("\\boxed{1}\n[HINT_START]\n  Keep it under 50 words.  \n[HINT_END]", "Keep it under 50 words."),
-    ("Format: [HINT_START]...[HINT_END]\n[HINT_START]Use Canberra, not Sydney.[HINT_END] \\boxed{+1}",
-     "Use Canberra, not Sydney."),  # the last pair, not the echoed format line
+    (
+        "Format: [HINT_START]...[HINT_END]\n[HINT_START]Use Canberra, not Sydney.[HINT_END] \\boxed{+1}",
+        "Use Canberra, not Sydney.",
+    ),  # the last pair, not the echoed format line
     ("[HINT_START]Use Canberra.[HINT_END] \\boxed{-1}", None),  # boxed -1: no hint
     ("[HINT_START]Use Canberra.[HINT_END] \\boxed{0}", None),
     ("[HINT_START]Use Canberra.[HINT_END]", None),  # no boxed at all
@@ -116,8 +120,13 @@ INP = JudgeInput(
         {"role": "system", "content": "You are a helpful travel assistant."},
         {"role": "user", "content": "I'm planning a trip to Australia."},
         {"role": "assistant", "content": "Great! How can I help?"},
-        {"role": "user", "content": [{"type": "text", "text": "What is the capital of Australia?"},
-                                     {"type": "image_url", "image_url": {"url": "data:..."}}]},
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": "What is the capital of Australia?"},
+                {"type": "image_url", "image_url": {"url": "data:..."}},
+            ],
+        },
     ],
     response="The capital of Australia is Sydney.",
     next_state="No, it's Canberra. Please double-check facts like that.",
@@ -133,28 +142,46 @@ def test_evaluative_messages_carry_request_response_and_next_state():
     msgs = evaluative_messages(INP)
     assert [m["role"] for m in msgs] == ["system", "user"]
     user = msgs[-1]["content"]
-    for part in ("What is the capital of Australia?", "The capital of Australia is Sydney.",
-                 "No, it's Canberra. Please double-check facts like that.",
-                 "I'm planning a trip to Australia."):  # brief earlier context
+    for part in (
+        "What is the capital of Australia?",
+        "The capital of Australia is Sydney.",
+        "No, it's Canberra. Please double-check facts like that.",
+        "I'm planning a trip to Australia.",
+    ):  # brief earlier context
         assert part in user
     # the original request comes before the response, which comes before the next state
     assert user.index("What is the capital") < user.index("is Sydney") < user.index("No, it's Canberra")
     text = _all_text(msgs)
-    for needle in ("\\boxed{1}", "\\boxed{-1}", "\\boxed{0}", "change X to Y", "rephrases", "tool",
-                   "A request to change the response counts as -1"):
+    for needle in (
+        "\\boxed{1}",
+        "\\boxed{-1}",
+        "\\boxed{0}",
+        "change X to Y",
+        "rephrases",
+        "tool",
+        "A request to change the response counts as -1",
+    ):
         assert needle in text
 
 
 def test_prompts_say_when_the_next_state_is_a_tool_result():
-    tool = JudgeInput(request=[{"role": "user", "content": "List my files."}], response="[called ls]",
-                      next_state="ls: cannot access 'x': No such file or directory", next_role="tool")
+    tool = JudgeInput(
+        request=[{"role": "user", "content": "List my files."}],
+        response="[called ls]",
+        next_state="ls: cannot access 'x': No such file or directory",
+        next_role="tool",
+    )
     assert "result of the tool" in evaluative_messages(tool)[-1]["content"]
     assert "user's next message" in evaluative_messages(INP)[-1]["content"]
 
 
 def test_prompts_clip_long_texts_but_keep_head_and_tail():
-    long = JudgeInput(request=[{"role": "user", "content": "START " + "x" * 20000 + " END"}],
-                      response="R" * 20000, next_state="thanks", next_role="user")
+    long = JudgeInput(
+        request=[{"role": "user", "content": "START " + "x" * 20000 + " END"}],
+        response="R" * 20000,
+        next_state="thanks",
+        next_role="user",
+    )
     user = evaluative_messages(long)[-1]["content"]
     assert len(user) < 12000
     assert "START" in user and "END" in user and "characters omitted" in user
@@ -163,8 +190,15 @@ def test_prompts_clip_long_texts_but_keep_head_and_tail():
 def test_hint_messages_ask_to_decide_first_and_use_the_markers():
     msgs = hint_messages(INP)
     text = _all_text(msgs)
-    for needle in ("[HINT_START]", "[HINT_END]", "\\boxed{1}", "\\boxed{-1}", "1 to 3 sentences",
-                   "What is the capital of Australia?", "No, it's Canberra."):
+    for needle in (
+        "[HINT_START]",
+        "[HINT_END]",
+        "\\boxed{1}",
+        "\\boxed{-1}",
+        "1 to 3 sentences",
+        "What is the capital of Australia?",
+        "No, it's Canberra.",
+    ):
         assert needle in text
     assert text.index("Decide that first") < text.index("[HINT_START]")
 
@@ -327,14 +361,18 @@ class FakeOpenAI:
 
             def do_GET(self):
                 outer.requests.append({"method": "GET", "path": self.path, "auth": self.headers.get("Authorization")})
-                models = [] if outer.mode == "nomodels" else [{"id": "judge-7b", "object": "model"},
-                                                              {"id": "other", "object": "model"}]
+                models = (
+                    []
+                    if outer.mode == "nomodels"
+                    else [{"id": "judge-7b", "object": "model"}, {"id": "other", "object": "model"}]
+                )
                 self._send(200, json.dumps({"object": "list", "data": models}).encode())
 
             def do_POST(self):
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                outer.requests.append({"method": "POST", "path": self.path, "body": body,
-                                       "auth": self.headers.get("Authorization")})
+                outer.requests.append(
+                    {"method": "POST", "path": self.path, "body": body, "auth": self.headers.get("Authorization")}
+                )
                 if outer.mode == "500":
                     return self._send(500, b'{"error": {"message": "model crashed"}}')
                 if outer.mode == "badjson":
@@ -343,11 +381,23 @@ class FakeOpenAI:
                     return self._send(200, b'{"result": "ok"}')
                 if outer.mode == "slow":
                     time.sleep(2)
-                self._send(200, json.dumps({
-                    "id": "chatcmpl-1", "object": "chat.completion", "model": body["model"],
-                    "choices": [{"index": 0, "finish_reason": "stop",
-                                 "message": {"role": "assistant", "content": outer.reply}}],
-                }).encode())
+                self._send(
+                    200,
+                    json.dumps(
+                        {
+                            "id": "chatcmpl-1",
+                            "object": "chat.completion",
+                            "model": body["model"],
+                            "choices": [
+                                {
+                                    "index": 0,
+                                    "finish_reason": "stop",
+                                    "message": {"role": "assistant", "content": outer.reply},
+                                }
+                            ],
+                        }
+                    ).encode(),
+                )
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
@@ -384,8 +434,14 @@ async def test_openai_completer_posts_a_chat_completion(endpoint):
     assert out == endpoint.reply
     (req,) = endpoint.requests
     assert req["path"] == "/v1/chat/completions" and req["auth"] == "Bearer sk-local"
-    assert req["body"] == {"model": "judge-7b", "messages": [{"role": "user", "content": "hi"}],
-                           "temperature": 0.6, "max_tokens": 64, "stream": False, "seed": 7}
+    assert req["body"] == {
+        "model": "judge-7b",
+        "messages": [{"role": "user", "content": "hi"}],
+        "temperature": 0.6,
+        "max_tokens": 64,
+        "stream": False,
+        "seed": 7,
+    }
 
 
 async def test_openai_completer_picks_the_first_served_model_once(endpoint):
@@ -396,7 +452,10 @@ async def test_openai_completer_picks_the_first_served_model_once(endpoint):
     finally:
         await c.aclose()
     assert [(r["method"], r["path"]) for r in endpoint.requests] == [
-        ("GET", "/v1/models"), ("POST", "/v1/chat/completions"), ("POST", "/v1/chat/completions")]
+        ("GET", "/v1/models"),
+        ("POST", "/v1/chat/completions"),
+        ("POST", "/v1/chat/completions"),
+    ]
     assert endpoint.requests[1]["body"]["model"] == "judge-7b"
     assert "seed" not in endpoint.requests[1]["body"] and endpoint.requests[0]["auth"] is None
 
@@ -488,8 +547,9 @@ class FakeChat:
 async def test_served_model_completer_uses_base_weights_at_background_priority():
     chat = FakeChat()
     c = ServedModelCompleter(chat)
-    out = await c.complete([{"role": "system", "content": "s"}, {"role": "user", "content": "u"}],
-                           temperature=0.6, max_tokens=256, seed=42)
+    out = await c.complete(
+        [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}], temperature=0.6, max_tokens=256, seed=42
+    )
     assert out == "\\boxed{-1}" and c.source == "self"
     (call,) = chat.calls
     assert all(isinstance(m, Message) for m in call["messages"])
@@ -516,17 +576,29 @@ def test_completer_for_each_form():
     assert isinstance(selfc, ServedModelCompleter) and selfc.chat is chat and selfc.source == "self"
     o = completer_for("openai:http://127.0.0.1:11434/v1#qwen3:4b")
     assert isinstance(o, OpenAICompleter) and (o.base_url, o.model, o.source) == (
-        "http://127.0.0.1:11434/v1", "qwen3:4b", "openai")
+        "http://127.0.0.1:11434/v1",
+        "qwen3:4b",
+        "openai",
+    )
     o = completer_for(" openai:http://127.0.0.1:8080/v1 ", api_key="k")
     assert (o.base_url, o.model, o.api_key) == ("http://127.0.0.1:8080/v1", "", "k")
     g = completer_for("gguf:/models/judge.gguf", gguf_loader=loader)
     assert isinstance(g, ServedModelCompleter) and g.source == "gguf" and loaded == ["/models/judge.gguf"]
 
 
-@pytest.mark.parametrize("spec,kw", [
-    ("gpt4", {}), ("", {}), ("openai:", {}), ("openai:127.0.0.1:8080", {}), ("gguf:", {}),
-    ("self", {}), ("gguf:/m.gguf", {}), ("RULES", {}),
-])
+@pytest.mark.parametrize(
+    "spec,kw",
+    [
+        ("gpt4", {}),
+        ("", {}),
+        ("openai:", {}),
+        ("openai:127.0.0.1:8080", {}),
+        ("gguf:", {}),
+        ("self", {}),
+        ("gguf:/m.gguf", {}),
+        ("RULES", {}),
+    ],
+)
 def test_completer_for_rejects_what_it_cannot_build(spec, kw):
     with pytest.raises(ConfigError) as e:
         completer_for(spec, **kw)

@@ -51,8 +51,13 @@ CASES = [
     (EMAIL_REQ, EMAIL_RESP, "Nope. Less groveling, more direct.", "user", -1),
     (CODE_REQ, CODE_RESP, "It doesn't work for 'Racecar'.", "user", -1),
     (CODE_REQ, CODE_RESP, "I get a TypeError when I pass None", "user", -1),
-    (CODE_REQ, CODE_RESP, "Traceback (most recent call last):\n  File \"p.py\", line 2\nAttributeError: 'NoneType'",
-     "user", -1),
+    (
+        CODE_REQ,
+        CODE_RESP,
+        "Traceback (most recent call last):\n  File \"p.py\", line 2\nAttributeError: 'NoneType'",
+        "user",
+        -1,
+    ),
     (CODE_REQ, CODE_RESP, "there's a bug: empty strings crash it", "user", -1),
     (CODE_REQ, CODE_RESP, "it should return False for empty input", "user", -1),
     (FACT_REQ, FACT_RESP, "I don't think that's right.", "user", -1),
@@ -65,7 +70,6 @@ CASES = [
     (CODE_REQ, CODE_RESP, "Use tabs, not spaces.", "user", -1),
     (SUMMARY_REQ, SUMMARY_RESP, "This is great but too long", "user", -1),
     (SUMMARY_REQ, SUMMARY_RESP, "Remove the last bullet.", "user", -1),
-
     # -- thanks and approval: +1 --
     (FACT_REQ, "The capital of Australia is Canberra.", "thanks!", "user", 1),
     (CODE_REQ, CODE_RESP, "Perfect, thank you.", "user", 1),
@@ -82,7 +86,6 @@ CASES = [
     (SUMMARY_REQ, SUMMARY_RESP, "Nice. Next, draft a tweet announcing the delay.", "user", 1),
     (SUMMARY_REQ, SUMMARY_RESP, "Great, now remove the bullet about the budget from the slides.", "user", 1),
     ("Write a haiku about autumn.", "Crisp leaves drift and fall", "Thanks! Write one about winter", "user", 1),
-
     # -- tricky negations --
     (CODE_REQ, CODE_RESP, "not bad, thanks", "user", 1),
     (CODE_REQ, CODE_RESP, "No problem with this one, thanks!", "user", 1),
@@ -92,15 +95,19 @@ CASES = [
     (CODE_REQ, CODE_RESP, "Not exactly. I need it recursive.", "user", -1),
     (EMAIL_REQ, EMAIL_RESP, "Actually, that's perfect. Thanks!", "user", 1),
     (EMAIL_REQ, EMAIL_RESP, "Nothing wrong with it, thanks", "user", 1),
-    (FACT_REQ, "The capital of Australia is Canberra.", "Great, thanks! What's wrong with my sentence: 'Me and him "
-     "went'?", "user", 1),
+    (
+        FACT_REQ,
+        "The capital of Australia is Canberra.",
+        "Great, thanks! What's wrong with my sentence: 'Me and him went'?",
+        "user",
+        1,
+    ),
     (EMAIL_REQ, EMAIL_RESP, "Perfect, don't change anything.", "user", 1),
     (CODE_REQ, CODE_RESP, "Great, it still crashes on None.", "user", -1),
     (EMAIL_REQ, EMAIL_RESP, "thanks for nothing", "user", -1),
     (CODE_REQ, CODE_RESP, "Perfect! Now can you make it shorter?", "user", -1),
     (CODE_REQ, CODE_RESP, "That should work, thanks!", "user", 1),
     (CODE_REQ, CODE_RESP, "No worries, thanks", "user", 1),
-
     # -- ambiguous: None --
     (CODE_REQ, CODE_RESP, "ok", "user", None),
     (CODE_REQ, CODE_RESP, "hmm", "user", None),
@@ -115,7 +122,6 @@ CASES = [
     (SUMMARY_REQ, SUMMARY_RESP, "What does sample return actually involve?", "user", None),
     (CODE_REQ, CODE_RESP, "", "user", None),
     (CODE_REQ, CODE_RESP, "I don't know yet.", "user", None),
-
     # -- tool results --
     ("Run the tests.", TOOL_CALL, "===== 42 passed in 1.31s =====", "tool", 1),
     ("Run the tests.", TOOL_CALL, "===== 40 passed, 2 failed in 1.8s =====", "tool", -1),
@@ -125,14 +131,24 @@ CASES = [
     ("Start the server.", "[called bash]", "bash: uvicorn: command not found", "tool", -1),
     ("Compile it.", "[called bash]", "Process exited with code 2", "tool", -1),
     ("Compile it.", "[called bash]", "Build finished. exit code: 0, 0 errors, 3 warnings", "tool", 1),
-    ("Read config.", "[called read_file]", "Traceback (most recent call last):\n  File \"x.py\"\nKeyError: 'port'",
-     "tool", -1),
+    (
+        "Read config.",
+        "[called read_file]",
+        "Traceback (most recent call last):\n  File \"x.py\"\nKeyError: 'port'",
+        "tool",
+        -1,
+    ),
     ("Fetch it.", "[called http_get]", '{"status": "error", "message": "rate limited"}', "tool", -1),
     ("Fetch it.", "[called http_get]", '{"ok": true, "error": null, "items": [1, 2]}', "tool", 1),
     ("Fetch it.", "[called http_get]", "HTTP 404 Not Found", "tool", -1),
     ("Make the dir.", "[called bash]", "", "tool", 1),
-    ("Show me chat.py.", "[called read_file]",
-     "class TurnStream:\n    error: ClawdError | None = None\n    failed = []\n    except ValueError:\n", "tool", 1),
+    (
+        "Show me chat.py.",
+        "[called read_file]",
+        "class TurnStream:\n    error: ClawdError | None = None\n    failed = []\n    except ValueError:\n",
+        "tool",
+        1,
+    ),
     ("Show the script.", "[called read_file]", "Error: could not open file 'x.csv'", "tool", -1),
 ]
 
@@ -142,8 +158,9 @@ def _inp(request: str, response: str, next_state: str, role: str, *, earlier: li
     return JudgeInput(request=msgs, response=response, next_state=next_state, next_role=role)
 
 
-@pytest.mark.parametrize("request_text,response,next_state,role,expected", CASES,
-                         ids=[f"{c[4]}:{c[2][:40]}" for c in CASES])
+@pytest.mark.parametrize(
+    "request_text,response,next_state,role,expected", CASES, ids=[f"{c[4]}:{c[2][:40]}" for c in CASES]
+)
 def test_rules_table(request_text, response, next_state, role, expected):
     verdict = J.evaluate(_inp(request_text, response, next_state, role))
     if expected is None:
@@ -161,9 +178,14 @@ def test_table_is_large_and_covers_every_outcome():
 
 def test_request_content_parts_are_read_for_rephrase_detection():
     inp = JudgeInput(
-        request=[{"role": "system", "content": "Be brief."},
-                 {"role": "user", "content": [{"type": "text", "text": "Translate 'good morning' into German"}]}],
-        response="Bonjour", next_state="translate good morning into german", next_role="user")
+        request=[
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": [{"type": "text", "text": "Translate 'good morning' into German"}]},
+        ],
+        response="Bonjour",
+        next_state="translate good morning into german",
+        next_role="user",
+    )
     assert J.evaluate(inp).score == -1
 
 
@@ -182,8 +204,10 @@ CORRECTIONS = [
     # A leading "no" / "wrong" without punctuation is the instruction itself: keep it.
     ("No bullet points and no bold please.", "No bullet points and no bold please."),
     ("Wrong language, I asked for Italian.", "Wrong language, I asked for Italian."),
-    ("I get a TypeError when I pass None\nTraceback (most recent call last):\n  File \"p.py\"\nTypeError: x",
-     "I get a TypeError when I pass None"),
+    (
+        'I get a TypeError when I pass None\nTraceback (most recent call last):\n  File "p.py"\nTypeError: x',
+        "I get a TypeError when I pass None",
+    ),
     ("Traceback (most recent call last):\n  File \"p.py\", line 2\nAttributeError: 'NoneType'", None),
     ("shorter", None),  # a correction, but too short to be a hint (METHOD §3: > 10 characters)
     ("Perfect, thank you.", None),
@@ -198,11 +222,14 @@ def test_correction_is_the_users_own_words(next_state, expected):
 
 
 def test_correction_keeps_the_sentences_that_carry_it():
-    text = ("Okay. So. I read it twice. It is fine overall. But you forgot the deadline. "
-            "And it should mention the landlord's name. Don't sign it with my full name.")
+    text = (
+        "Okay. So. I read it twice. It is fine overall. But you forgot the deadline. "
+        "And it should mention the landlord's name. Don't sign it with my full name."
+    )
     got = J.correction(_inp(EMAIL_REQ, EMAIL_RESP, text, "user"))
-    assert got == ("But you forgot the deadline. And it should mention the landlord's name. "
-                   "Don't sign it with my full name.")
+    assert got == (
+        "But you forgot the deadline. And it should mention the landlord's name. Don't sign it with my full name."
+    )
 
 
 def test_no_correction_from_a_tool_error():

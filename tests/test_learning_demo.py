@@ -16,9 +16,14 @@ from tests.conftest import ROOT, make_env
 @pytest.mark.slow
 @pytest.mark.timeout(1500)
 def test_demo_learns_the_correction_and_rolls_back_exactly(tmp_path):
-    proc = subprocess.run([sys.executable, "examples/learn_a_correction.py", "--home", str(tmp_path / "home"),
-                           "--json"], cwd=ROOT, env=make_env(tmp_path / "home"), capture_output=True, text=True,
-                          timeout=1400)
+    proc = subprocess.run(
+        [sys.executable, "examples/learn_a_correction.py", "--home", str(tmp_path / "home"), "--json"],
+        cwd=ROOT,
+        env=make_env(tmp_path / "home"),
+        capture_output=True,
+        text=True,
+        timeout=1400,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     r = json.loads(proc.stdout.strip().splitlines()[-1])
     assert r["signals"]["ready"] >= 8

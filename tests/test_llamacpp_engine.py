@@ -62,8 +62,9 @@ class Reference:
     """High-level llama-cpp-python, optionally wearing one LoRA through the low-level calls."""
 
     def __init__(self, path):
-        self.llm = llama_cpp.Llama(model_path=str(path), n_ctx=N_CTX, logits_all=True, verbose=False,
-                                   n_threads=1, n_threads_batch=1)  # threads do not change the numbers
+        self.llm = llama_cpp.Llama(
+            model_path=str(path), n_ctx=N_CTX, logits_all=True, verbose=False, n_threads=1, n_threads_batch=1
+        )  # threads do not change the numbers
         self.adapters = []
 
     def set_lora(self, path) -> None:
@@ -87,7 +88,7 @@ class Reference:
         return x - np.log(np.exp(x).sum(axis=1, keepdims=True))
 
     def score(self, prompt, targets, top_k):
-        rows = self.logprobs(list(prompt) + list(targets))[len(prompt) - 1:]
+        rows = self.logprobs(list(prompt) + list(targets))[len(prompt) - 1 :]
         lp = rows[np.arange(len(targets)), targets]
         top = np.argsort(-rows, axis=1, kind="stable")[:, :top_k]
         return lp, top, np.take_along_axis(rows, top, axis=1), rows
@@ -131,7 +132,7 @@ def test_generate_logprobs_match_reference(models, arch):
             assert np.exp(row[better]).sum() < 0.95 + 1e-3
         # Greedy follows the reference's argmax.
         greedy = [t.id for t in eng.generate(prompt, SamplingParams(max_tokens=20, temperature=0))]
-        rows = rf.logprobs(prompt + greedy)[len(prompt) - 1:]
+        rows = rf.logprobs(prompt + greedy)[len(prompt) - 1 :]
         assert greedy == rows.argmax(axis=1).tolist()[: len(greedy)]
     finally:
         eng.close()
@@ -180,7 +181,7 @@ def test_generation_at_the_end_of_the_context(engine, ref):
         prompt = filler[: N_CTX - room]
         toks = list(engine.generate(prompt, SamplingParams(max_tokens=50, temperature=1.0, seed=room)))
         assert 1 <= len(toks) <= room
-        want = ref.logprobs(prompt + [t.id for t in toks])[len(prompt) - 1:]
+        want = ref.logprobs(prompt + [t.id for t in toks])[len(prompt) - 1 :]
         got = [t.logprob for t in toks]
         assert _max_abs(got, want[np.arange(len(toks)), [t.id for t in toks]]) < GEN_ATOL
     with pytest.raises(ContextLengthExceeded, match=str(N_CTX)):
@@ -202,7 +203,7 @@ def test_score_fills_the_context_exactly(engine, ref):
     assert len(res.logprobs) == N_CTX - 200
     assert _max_abs(res.logprobs, ref.score(prompt, target, 1)[0]) < SCORE_ATOL
     with pytest.raises(ContextLengthExceeded, match=str(N_CTX)):
-        engine.score(prompt, filler[200:N_CTX + 1])
+        engine.score(prompt, filler[200 : N_CTX + 1])
     # Still right afterwards.
     prompt = engine.tokenize(PROMPT, add_bos=True)
     res = engine.score(prompt, prompt[1:9])
@@ -228,7 +229,7 @@ def test_lora_switching(engine, ref, tiny_lora):
         lp, top_ids, top_lps, _ = ref.score(prompt, targets, top_k=5)
         toks = list(engine.generate(prompt, SamplingParams(max_tokens=20, temperature=1.0, seed=3), adapter="a"))
         ids = [t.id for t in toks]
-        rows = ref.logprobs(prompt + ids)[len(prompt) - 1:]
+        rows = ref.logprobs(prompt + ids)[len(prompt) - 1 :]
     finally:
         ref.clear_lora()
     assert _max_abs(with_a.logprobs, lp) < SCORE_ATOL, f"LoRA score vs reference {_max_abs(with_a.logprobs, lp):.2e}"

@@ -66,8 +66,11 @@ class Convo:
         self.turn_ids: list[str] = []
 
     def _post(self, messages: list[dict], headers: dict) -> tuple[str, str]:
-        r = self.http.post(self.d.url + CHAT, json={"model": self.model, "messages": messages, **self.params},
-                           headers={**self.headers, **headers})
+        r = self.http.post(
+            self.d.url + CHAT,
+            json={"model": self.model, "messages": messages, **self.params},
+            headers={**self.headers, **headers},
+        )
         assert r.status_code == 200, r.text
         return r.headers["x-clawd-turn-id"], r.json()["choices"][0]["message"]["content"]
 
@@ -116,10 +119,12 @@ def stored_turn(d, turn_id: str) -> turns.TurnRecord:
 
 def pair_only(d) -> None:
     """The pairing half of Miner.step without mining, to observe the 'pending' state."""
+
     async def go():
         await signals.create_missing(d.state.db)
         for tid in await signals.due(d.state.db, "waiting", limit=1000):
             await d.state.miner._pair(tid)
+
     d.run(go())
 
 
@@ -215,7 +220,7 @@ def test_correction_is_minus_one_with_hint_and_teacher_arrays(md, http):
     # intended (here: greedily sampled) token, the rest uniform; ties break to low ids.
     np.testing.assert_array_equal(sig.student_top_ids[:, 0], rec.response_ids)
     for i, tok in enumerate(rec.response_ids):
-        rest = [t for t in range(VOCAB) if t != tok][:k - 1]
+        rest = [t for t in range(VOCAB) if t != tok][: k - 1]
         np.testing.assert_array_equal(sig.student_top_ids[i, 1:], rest)
     np.testing.assert_allclose(sig.teacher_logprobs, LP_ON, atol=1e-6)
     np.testing.assert_allclose(sig.student_top_logprobs[:, 0], LP_ON, atol=1e-6)
@@ -432,6 +437,7 @@ def test_background_miner_mines_on_its_own(clawd_home, http):
 def test_a_poke_during_a_step_is_not_lost():
     """poke() means "look now": one that arrives while a step runs wakes the next step at
     once instead of waiting out the poll interval."""
+
     async def go():
         miner = Miner(None, None, MiningSettings(judge="rules", hint_judge="rules"))
         calls = []
@@ -462,6 +468,7 @@ def test_a_poke_during_a_step_is_not_lost():
 def test_stopping_the_miner_mid_write_leaves_the_store_writable(tmp_path):
     """Miner.stop() cancels whatever the miner awaits, including the BEGIN of a write; the
     daemon's one connection must not be left inside a transaction that nobody ends."""
+
     async def go():
         db = await Database.open(tmp_path / "clawd.db")
         try:
@@ -602,10 +609,16 @@ def openwebui_payload(rating, message_id: str, messages: dict, **data) -> dict:
     return {
         "type": "rating",
         "data": {"rating": rating, "model_id": MODEL, "sibling_model_ids": None, "tags": [], **data},
-        "meta": {"arena": False, "model_id": MODEL, "message_id": message_id, "message_index": 3,
-                 "chat_id": "7b1c0d2e"},
-        "snapshot": {"chat": {"id": "7b1c0d2e", "title": "Colors", "history": {"currentId": message_id,
-                     "messages": messages}}},
+        "meta": {
+            "arena": False,
+            "model_id": MODEL,
+            "message_id": message_id,
+            "message_index": 3,
+            "chat_id": "7b1c0d2e",
+        },
+        "snapshot": {
+            "chat": {"id": "7b1c0d2e", "title": "Colors", "history": {"currentId": message_id, "messages": messages}}
+        },
     }
 
 
@@ -616,12 +629,16 @@ def test_openwebui_rating_maps_to_the_right_turn(md, http):
     msgs = {}
     for i, m in enumerate(c.messages):
         mid = f"m{i}"
-        msgs[mid] = {"id": mid, "parentId": f"m{i - 1}" if i else None, "role": m["role"],
-                     "content": m["content"], "timestamp": 1767225600 + i}
+        msgs[mid] = {
+            "id": mid,
+            "parentId": f"m{i - 1}" if i else None,
+            "role": m["role"],
+            "content": m["content"],
+            "timestamp": 1767225600 + i,
+        }
     assert c.messages[3]["content"] == stored_turn(md, t2).response_text
 
-    r = feedback(http, md, **openwebui_payload(-1, "m3", msgs, reason="Too plain",
-                                               comment="use a warmer tone please"))
+    r = feedback(http, md, **openwebui_payload(-1, "m3", msgs, reason="Too plain", comment="use a warmer tone please"))
     assert r.status_code == 200, r.text
     assert r.json()["turn_id"] == t2
     assert [x["kind"] for x in r.json()["recorded"]] == ["down", "correction"]
@@ -681,8 +698,14 @@ def test_restart_catches_up_on_turns_logged_with_mining_off(clawd_home, http):
 
     d = start_daemon(clawd_home, FakeEngine(n_ctx=2048), env_extra=RULES)  # background miner on
     try:
-        got = wait_for(lambda: (s := api_signals(http, d)) and all(
-            s.get(t, {}).get("status") == "ready" for t in (thanked, corrected)) and s, what="catch-up mining")
+        got = wait_for(
+            lambda: (
+                (s := api_signals(http, d))
+                and all(s.get(t, {}).get("status") == "ready" for t in (thanked, corrected))
+                and s
+            ),
+            what="catch-up mining",
+        )
         assert (got[thanked]["reward"], got[corrected]["reward"]) == (1, -1)
         assert got[corrected]["hint"] == CORRECTION_HINT
         assert len(got) == 4  # every main turn has its row; the two last ones wait
@@ -731,8 +754,7 @@ class StubOpenAI(ThreadingHTTPServer):
 
 def test_unreachable_endpoint_judge_keeps_turns_pending_until_it_returns(clawd_home, http):
     port = closed_port()
-    d = mining_daemon(clawd_home, CLAWD_MINING_JUDGE=f"openai:http://127.0.0.1:{port}/v1",
-                      CLAWD_MINING_RETRY_S=1.0)
+    d = mining_daemon(clawd_home, CLAWD_MINING_JUDGE=f"openai:http://127.0.0.1:{port}/v1", CLAWD_MINING_RETRY_S=1.0)
     stub = None
     try:
         a = Convo(d, http)
@@ -776,8 +798,9 @@ def test_missing_gguf_judge_is_reported_and_retried(clawd_home, http, tmp_path):
     from tests.tiny_models import build_tiny_gguf
 
     judge_path = tmp_path / "judge.gguf"
-    d = mining_daemon(clawd_home, CLAWD_MINING_JUDGE=f"gguf:{judge_path}", CLAWD_MINING_RETRY_S=1.0,
-                      CLAWD_MODEL_N_THREADS=1)
+    d = mining_daemon(
+        clawd_home, CLAWD_MINING_JUDGE=f"gguf:{judge_path}", CLAWD_MINING_RETRY_S=1.0, CLAWD_MODEL_N_THREADS=1
+    )
     try:
         c = Convo(d, http)
         undecided = c.say("Tell me a joke.")
@@ -891,16 +914,21 @@ class ScriptedEngine:
         n = len(target_ids)
         self.calls.append({"prompt_ids": list(prompt_ids), "adapter": adapter, "at_ids": at_ids, "top_k": top_k})
         if adapter == "policy-1":  # the student: pi_old, the adapter being trained
-            return ScoreResult(np.full(n, -0.5, np.float32), self.student_top.astype(np.int32),
-                               np.full((n, top_k), -1.0, np.float32))
+            return ScoreResult(
+                np.full(n, -0.5, np.float32), self.student_top.astype(np.int32), np.full((n, top_k), -1.0, np.float32)
+            )
         text = self.prompts[prompt_ids[0]]
         (hint,) = [h for h in self.teacher_tops if text.endswith(HINT_MARKER + h + "\nAssistant:")]
         top = self.teacher_tops[hint]
         if top is None:
             raise ContextLengthExceeded("too long for this test")
         tag = float(list(self.teacher_tops).index(hint) + 1)  # arrays that say whose they are
-        return ScoreResult(np.full(n, -tag, np.float32), top.astype(np.int32), np.full((n, top_k), -tag, np.float32),
-                           np.full(np.asarray(at_ids).shape, -10 * tag, np.float32))
+        return ScoreResult(
+            np.full(n, -tag, np.float32),
+            top.astype(np.int32),
+            np.full((n, top_k), -tag, np.float32),
+            np.full(np.asarray(at_ids).shape, -10 * tag, np.float32),
+        )
 
 
 def _top_with_overlap(student_top: np.ndarray, per_row: int, seed: int) -> np.ndarray:
@@ -909,7 +937,7 @@ def _top_with_overlap(student_top: np.ndarray, per_row: int, seed: int) -> np.nd
     rows = []
     for s in student_top:
         shared = list(rng.permutation(s)[:per_row])
-        fresh = list(1000 + rng.permutation(100)[:len(s) - per_row])
+        fresh = list(1000 + rng.permutation(100)[: len(s) - per_row])
         rows.append(rng.permutation(shared + fresh))
     return np.array(rows)
 
@@ -919,17 +947,21 @@ SHORT_HINT = "Use warm colors."  # 16 chars
 LONG_HINT = "Suggest one warm color, such as terracotta, and say why it works."  # 65 chars
 
 
-@pytest.mark.parametrize("overlaps, chosen", [
-    ({SHORT_HINT: 1, USER_HINT: 3, LONG_HINT: 3}, USER_HINT),  # max overlap, tie -> the shorter hint
-    ({SHORT_HINT: 2, USER_HINT: 1, LONG_HINT: 4}, LONG_HINT),  # max overlap beats length
-    ({SHORT_HINT: 2, USER_HINT: 2, LONG_HINT: 2}, SHORT_HINT),  # all tied -> the shortest
-    ({SHORT_HINT: 0, USER_HINT: None, LONG_HINT: 1}, LONG_HINT),  # a hint that does not fit is skipped
-])
+@pytest.mark.parametrize(
+    "overlaps, chosen",
+    [
+        ({SHORT_HINT: 1, USER_HINT: 3, LONG_HINT: 3}, USER_HINT),  # max overlap, tie -> the shorter hint
+        ({SHORT_HINT: 2, USER_HINT: 1, LONG_HINT: 4}, LONG_HINT),  # max overlap beats length
+        ({SHORT_HINT: 2, USER_HINT: 2, LONG_HINT: 2}, SHORT_HINT),  # all tied -> the shortest
+        ({SHORT_HINT: 0, USER_HINT: None, LONG_HINT: 1}, LONG_HINT),  # a hint that does not fit is skipped
+    ],
+)
 def test_overlap_guided_selection(tmp_path, overlaps, chosen):
     n, k = 6, 4
     student_top = np.arange(1, n * k + 1).reshape(n, k)
-    teacher_tops = {h: None if o is None else _top_with_overlap(student_top, o, i)
-                    for i, (h, o) in enumerate(overlaps.items())}
+    teacher_tops = {
+        h: None if o is None else _top_with_overlap(student_top, o, i) for i, (h, o) in enumerate(overlaps.items())
+    }
     engine = ScriptedEngine(student_top, teacher_tops)
 
     class HintJudge:
@@ -937,15 +969,42 @@ def test_overlap_guided_selection(tmp_path, overlaps, chosen):
             assert inp.next_state == CORRECTION and inp.request[-1]["content"] == "Suggest a color."
             return [LONG_HINT, SHORT_HINT, "too short", SHORT_HINT]
 
-    request = {"messages": [{"role": "system", "content": "Be brief."}, user("Suggest a color."),
-                            assistant("Blue."), user("Suggest a color.")]}
+    request = {
+        "messages": [
+            {"role": "system", "content": "Be brief."},
+            user("Suggest a color."),
+            assistant("Blue."),
+            user("Suggest a color."),
+        ]
+    }
     turn = turns.TurnRecord(
-        id="chatcmpl-t", session_id="s", turn_type="main", request=request, request_hash="h",
-        continuation_hash="c", prompt_text="p", prompt_ids=[1, 2, 3], response_ids=list(range(50, 50 + n)),
-        response_logprobs=np.zeros(n), response_text="Blue.", finish_reason="stop", sampling={}, engine="scripted",
-        model="m", chat_format="transcript", timings={})
-    sig = signals.Signal(turn_id=turn.id, session_id="s", status="pending", next_state=CORRECTION,
-                         next_role="user", reward=-1, reward_source="rules")
+        id="chatcmpl-t",
+        session_id="s",
+        turn_type="main",
+        request=request,
+        request_hash="h",
+        continuation_hash="c",
+        prompt_text="p",
+        prompt_ids=[1, 2, 3],
+        response_ids=list(range(50, 50 + n)),
+        response_logprobs=np.zeros(n),
+        response_text="Blue.",
+        finish_reason="stop",
+        sampling={},
+        engine="scripted",
+        model="m",
+        chat_format="transcript",
+        timings={},
+    )
+    sig = signals.Signal(
+        turn_id=turn.id,
+        session_id="s",
+        status="pending",
+        next_state=CORRECTION,
+        next_role="user",
+        reward=-1,
+        reward_source="rules",
+    )
 
     async def go():
         db = await Database.open(tmp_path / "clawd.db")
@@ -953,8 +1012,12 @@ def test_overlap_guided_selection(tmp_path, overlaps, chosen):
         try:
             model = ServedModel(runner, TranscriptFormat())
             model.active_adapter = "policy-1"
-            miner = Miner(db, model, MiningSettings(judge="rules", hint_judge="stub", top_k=k, max_hints=3),
-                          make_judge=lambda spec: HintJudge())
+            miner = Miner(
+                db,
+                model,
+                MiningSettings(judge="rules", hint_judge="stub", top_k=k, max_hints=3),
+                make_judge=lambda spec: HintJudge(),
+            )
             await miner._direct(sig, turn)
         finally:
             await db.close()
@@ -964,9 +1027,13 @@ def test_overlap_guided_selection(tmp_path, overlaps, chosen):
 
     # candidates: > 10 chars, deduplicated, shortest first, with their hand-made overlaps
     assert [(h["text"], h["source"]) for h in sig.hints] == [
-        (SHORT_HINT, "stub"), (USER_HINT, "user"), (LONG_HINT, "stub")]
+        (SHORT_HINT, "stub"),
+        (USER_HINT, "user"),
+        (LONG_HINT, "stub"),
+    ]
     assert {h["text"]: h["overlap"] for h in sig.hints} == {
-        h: None if o is None else o * n for h, o in overlaps.items()}
+        h: None if o is None else o * n for h, o in overlaps.items()
+    }
     assert sig.hint == chosen
     # the stored arrays are the chosen hint's teacher's, at the student's top-k
     tag = list(teacher_tops).index(chosen) + 1
@@ -990,10 +1057,12 @@ def test_overlap_guided_selection(tmp_path, overlaps, chosen):
 
 def test_no_candidates_means_no_teacher_work(tmp_path):
     engine = ScriptedEngine(np.zeros((2, 4)), {})
-    turn = SimpleNamespace(id="chatcmpl-x", request={"messages": [user("Hi")]}, response_text="Hello.",
-                           prompt_ids=[1], response_ids=[2, 3])
-    sig = signals.Signal(turn_id="chatcmpl-x", session_id="s", status="pending", next_state=THANKS,
-                         next_role="user", reward=1)
+    turn = SimpleNamespace(
+        id="chatcmpl-x", request={"messages": [user("Hi")]}, response_text="Hello.", prompt_ids=[1], response_ids=[2, 3]
+    )
+    sig = signals.Signal(
+        turn_id="chatcmpl-x", session_id="s", status="pending", next_state=THANKS, next_role="user", reward=1
+    )
 
     async def go():
         db = await Database.open(tmp_path / "clawd.db")
@@ -1023,7 +1092,7 @@ def _independent_logprobs(llm, prompt_ids: list[int], response_ids: list[int]) -
     llm.reset()
     llm.eval(prompt_ids + response_ids[:-1])
     p, n = len(prompt_ids), len(response_ids)
-    return _log_softmax(np.asarray(llm.scores[p - 1:p - 1 + n]))
+    return _log_softmax(np.asarray(llm.scores[p - 1 : p - 1 + n]))
 
 
 def test_teacher_arrays_match_an_independent_scoring(clawd_home, http, tiny_gguf):
@@ -1033,8 +1102,7 @@ def test_teacher_arrays_match_an_independent_scoring(clawd_home, http, tiny_gguf
 
     d = mining_daemon(clawd_home, Engine(tiny_gguf, n_ctx=512, n_threads=1, model_id="tiny"))
     try:
-        c = Convo(d, http, model="tiny", headers={"X-Session-Id": "tiny-1"}, temperature=0.8, seed=3,
-                  max_tokens=24)
+        c = Convo(d, http, model="tiny", headers={"X-Session-Id": "tiny-1"}, temperature=0.8, seed=3, max_tokens=24)
         t1 = c.say("Suggest a color for my living room.")
         c.say(CORRECTION)
         mine(d)
@@ -1053,10 +1121,12 @@ def test_teacher_arrays_match_an_independent_scoring(clawd_home, http, tiny_gguf
         last_user = max(i for i, m in enumerate(msgs) if m["role"] == "user")
         msgs[last_user]["content"] += "\n\n[user's hint / instruction]\n" + sig.hint
         fmt = TranscriptFormat(add_bos=True)
-        teacher_prompt = llm.tokenize(fmt.render([Message(**m) for m in msgs]).prompt.encode(),
-                                      add_bos=True, special=True)
-        student_prompt = llm.tokenize(fmt.render([Message(**m) for m in rec.request["messages"]]).prompt.encode(),
-                                      add_bos=True, special=True)
+        teacher_prompt = llm.tokenize(
+            fmt.render([Message(**m) for m in msgs]).prompt.encode(), add_bos=True, special=True
+        )
+        student_prompt = llm.tokenize(
+            fmt.render([Message(**m) for m in rec.request["messages"]]).prompt.encode(), add_bos=True, special=True
+        )
         assert student_prompt == rec.prompt_ids
         teacher = _independent_logprobs(llm, teacher_prompt, rec.response_ids)
         student = _independent_logprobs(llm, student_prompt, rec.response_ids)
@@ -1069,13 +1139,16 @@ def test_teacher_arrays_match_an_independent_scoring(clawd_home, http, tiny_gguf
     # the student's top-k: the k largest of the base model's distribution, most likely first
     ref_top_lp = -np.sort(-student, axis=1)[:, :k]
     d_student = np.abs(sig.student_top_logprobs - ref_top_lp).max()
-    d_student_at = np.abs(sig.student_top_logprobs
-                          - np.take_along_axis(student, sig.student_top_ids.astype(int), 1)).max()
-    print(f"\ntiny llama (F32), n={n}: max|Δ| teacher sampled {d_sampled:.2e}, teacher at student top-k "
-          f"{d_top:.2e}, student top-k {d_student:.2e} / at ids {d_student_at:.2e}")
+    d_student_at = np.abs(
+        sig.student_top_logprobs - np.take_along_axis(student, sig.student_top_ids.astype(int), 1)
+    ).max()
+    print(
+        f"\ntiny llama (F32), n={n}: max|Δ| teacher sampled {d_sampled:.2e}, teacher at student top-k "
+        f"{d_top:.2e}, student top-k {d_student:.2e} / at ids {d_student_at:.2e}"
+    )
     assert d_sampled < 1e-4 and d_top < 1e-4 and d_student < 1e-4 and d_student_at < 1e-4
     ref_top_ids = np.argsort(-student, axis=1, kind="stable")[:, :k]
-    gaps = np.diff(-np.sort(-student, axis=1)[:, :k + 1], axis=1)
+    gaps = np.diff(-np.sort(-student, axis=1)[:, : k + 1], axis=1)
     clear = (np.abs(gaps) > 1e-3).all(axis=1)  # rows without near-ties among the top k+1
     assert clear.sum() >= n // 2
     np.testing.assert_array_equal(sig.student_top_ids[clear], ref_top_ids[clear])

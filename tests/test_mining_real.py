@@ -39,8 +39,10 @@ def test_scripted_conversation_on_the_real_model(real_mining_daemon):
     http = httpx.Client(base_url=d.url, timeout=60)
 
     def ask(messages: list[dict]) -> tuple[str, str]:
-        r = http.post("/v1/chat/completions", json={"model": EMBEDDED_ID, "messages": messages,
-                                                    "temperature": 0, "max_tokens": 32})
+        r = http.post(
+            "/v1/chat/completions",
+            json={"model": EMBEDDED_ID, "messages": messages, "temperature": 0, "max_tokens": 32},
+        )
         assert r.status_code == 200, r.text
         return r.headers["x-clawd-turn-id"], r.json()["choices"][0]["message"]["content"]
 
@@ -85,7 +87,9 @@ def test_scripted_conversation_on_the_real_model(real_mining_daemon):
     assert top1.mean() >= 0.9
     np.testing.assert_allclose(sig.student_top_logprobs[top1, 0], rec.response_logprobs[top1], atol=0.15)
     assert 0 <= sig.hints[0]["overlap"] <= n * k
-    print(f"\n270M: correction turn n={n}, overlap {sig.hints[0]['overlap']}/{n * k}, "
-          f"top-1 = sampled at {top1.mean():.0%} of positions, "
-          f"max|student top-1 - sampled logprob| {np.abs(sig.student_top_logprobs[top1, 0] - rec.response_logprobs[top1]).max():.2e}")
+    print(
+        f"\n270M: correction turn n={n}, overlap {sig.hints[0]['overlap']}/{n * k}, "
+        f"top-1 = sampled at {top1.mean():.0%} of positions, "
+        f"max|student top-1 - sampled logprob| {np.abs(sig.student_top_logprobs[top1, 0] - rec.response_logprobs[top1]).max():.2e}"
+    )
     http.close()

@@ -107,8 +107,9 @@ def test_score_at_ids_and_top_k_match_the_reference(models, tmp_path):
     targets = eng.tokenize(" Hello there, the weather is fine.", add_bos=False)
     at = np.array([[2, 3, t] for t in targets])
     res = eng.score(prompt, targets, top_k=4, at_ids=at)
-    np.testing.assert_allclose(res.logprobs, reference_logprobs(reference_model(path), prompt, targets),
-                               atol=REF_ATOL, rtol=0)
+    np.testing.assert_allclose(
+        res.logprobs, reference_logprobs(reference_model(path), prompt, targets), atol=REF_ATOL, rtol=0
+    )
     np.testing.assert_allclose(res.at_logprobs[:, 2], res.logprobs, atol=1e-6, rtol=0)
     at_top = eng.score(prompt, targets, at_ids=res.top_ids).at_logprobs  # a teacher scored at our top-k
     np.testing.assert_allclose(at_top, res.top_logprobs, atol=1e-6, rtol=0)
@@ -126,8 +127,15 @@ def adapters(models, tmp_path_factory) -> dict[str, dict[str, Path]]:
         where = tmp_path_factory.mktemp(f"adapters-{kind}")
         out[kind] = {
             "A": build_tiny_mlx_adapter(where / "A", models[kind], seed=1),
-            "B": build_tiny_mlx_adapter(where / "B", models[kind], seed=2, rank=2, scale=4.0,
-                                        keys=("self_attn.o_proj", "mlp.up_proj"), num_layers=1),
+            "B": build_tiny_mlx_adapter(
+                where / "B",
+                models[kind],
+                seed=2,
+                rank=2,
+                scale=4.0,
+                keys=("self_attn.o_proj", "mlp.up_proj"),
+                num_layers=1,
+            ),
         }
     return out
 
@@ -180,8 +188,9 @@ def test_reloading_an_adapter_id_drops_its_cached_prefix(models, adapters, tmp_p
     eng.score(prompt, targets, adapter="x")  # caches the prompt's K/V under A
     eng.load_adapter("x", ad["B"])  # same id, other weights
     got = eng.score(prompt, targets, adapter="x").logprobs
-    np.testing.assert_allclose(got, reference_logprobs(reference_model(path, ad["B"]), prompt, targets),
-                               atol=REF_ATOL, rtol=0)
+    np.testing.assert_allclose(
+        got, reference_logprobs(reference_model(path, ad["B"]), prompt, targets), atol=REF_ATOL, rtol=0
+    )
     eng.close()
 
 
@@ -278,9 +287,17 @@ def test_daemon_chat_on_mlx_is_logged_with_token_ids_and_logprobs(models, clawd_
     eng = Engine(models["dir"], n_ctx=N_CTX, model_id="tiny-mlx", cache_dir=tmp_path / "cache")
     d = start_daemon(clawd_home, eng)
     try:
-        r = httpx.post(d.url + "/v1/chat/completions", timeout=60, json={
-            "model": "tiny-mlx", "messages": [{"role": "user", "content": "hello there"}],
-            "temperature": 1.0, "seed": 3, "max_tokens": 12})
+        r = httpx.post(
+            d.url + "/v1/chat/completions",
+            timeout=60,
+            json={
+                "model": "tiny-mlx",
+                "messages": [{"role": "user", "content": "hello there"}],
+                "temperature": 1.0,
+                "seed": 3,
+                "max_tokens": 12,
+            },
+        )
         assert r.status_code == 200, r.text
         turn_id = r.json()["id"]
         assert r.headers["x-clawd-turn-id"] == turn_id
@@ -328,8 +345,11 @@ def test_serve_process_on_mlx(models, tmp_path):
     proc = ServeProcess(home, "--engine", "mlx", "--model", str(models["dir"]), env_extra={"CLAWD_MODEL_N_CTX": 256})
     try:
         url = proc.wait_ready()
-        r = httpx.post(url + "/v1/chat/completions", timeout=60, json={
-            "model": "llama", "messages": [{"role": "user", "content": "hi"}], "temperature": 0, "max_tokens": 5})
+        r = httpx.post(
+            url + "/v1/chat/completions",
+            timeout=60,
+            json={"model": "llama", "messages": [{"role": "user", "content": "hi"}], "temperature": 0, "max_tokens": 5},
+        )
         assert r.status_code == 200, r.text
         assert r.json()["usage"]["completion_tokens"] >= 1
     finally:
@@ -354,8 +374,10 @@ def test_embedded_270m_on_mlx_agrees_with_llamacpp(tmp_path_factory):
     paths = resolve_paths(make_env(tmp_path_factory.mktemp("real-mlx")))
     ensure_dirs(paths)
     gguf = ensure_embedded_model(paths)
-    text = ("The following is a conversation between a helpful assistant and a user.\n\n"
-            "User: What is the capital of France?\nAssistant:")
+    text = (
+        "The following is a conversation between a helpful assistant and a user.\n\n"
+        "User: What is the capital of France?\nAssistant:"
+    )
     greedy = SamplingParams(max_tokens=24, temperature=0)
     ref = LlamaCpp(gguf, n_ctx=512, n_threads=2)
     prompt = ref.tokenize(text, add_bos=True)
@@ -372,9 +394,11 @@ def test_embedded_270m_on_mlx_agrees_with_llamacpp(tmp_path_factory):
     res = eng.score(prompt, want_ids, top_k=1)
     top1 = float((res.top_ids[:, 0] == np.array(want_ids)).mean())
     gap = float(np.abs(res.logprobs - np.array([t.logprob for t in want])).mean())
-    print(f"\n270M greedy: same first {common}/{len(want_ids)} tokens; teacher-forced top-1 agreement "
-          f"{top1:.1%}; mean |Δ log p| {gap:.3f}\nllama.cpp: {eng.detokenize(want_ids)!r}\n"
-          f"mlx:       {eng.detokenize(got_ids)!r}")
+    print(
+        f"\n270M greedy: same first {common}/{len(want_ids)} tokens; teacher-forced top-1 agreement "
+        f"{top1:.1%}; mean |Δ log p| {gap:.3f}\nllama.cpp: {eng.detokenize(want_ids)!r}\n"
+        f"mlx:       {eng.detokenize(got_ids)!r}"
+    )
     assert "Paris" in eng.detokenize(got_ids)
     assert common >= 3 and top1 >= 0.75 and gap < 0.3
     eng.close()

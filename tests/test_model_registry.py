@@ -111,12 +111,19 @@ def test_edit_adds_a_missing_table_and_refuses_what_it_cannot_edit(tmp_path):
     cfg = tmp_path / "config.toml"
     cfg.write_text('log_level = "debug"\n\n[server]\nport = 9000\n')
     assert config_edit.set_table_keys(cfg, "model", {"path": "/m/x.gguf"})
-    assert tomllib.loads(cfg.read_text()) == {"log_level": "debug", "server": {"port": 9000},
-                                              "model": {"path": "/m/x.gguf"}}
+    assert tomllib.loads(cfg.read_text()) == {
+        "log_level": "debug",
+        "server": {"port": 9000},
+        "model": {"path": "/m/x.gguf"},
+    }
     assert cfg.read_text().startswith('log_level = "debug"\n\n[server]\nport = 9000\n')
 
-    for text in ('model.path = "/old.gguf"\n', 'model = { path = "/old.gguf" }\n',
-                 '[model]\npath = """/old.gguf"""\n', "[model\npath = 1\n"):
+    for text in (
+        'model.path = "/old.gguf"\n',
+        'model = { path = "/old.gguf" }\n',
+        '[model]\npath = """/old.gguf"""\n',
+        "[model\npath = 1\n",
+    ):
         cfg.write_text(text)
         with pytest.raises(ConfigError):
             config_edit.set_table_keys(cfg, "model", {"path": "/new.gguf"})
@@ -179,11 +186,13 @@ def test_use_names_the_service_restart_command_and_env_overrides(home, tiny_gguf
     assert any("CLAWD_MODEL_PATH is set" in ln for ln in lines)
     plist = fake_home / "Library" / "LaunchAgents" / "ai.clawd.daemon.plist"
     assert model_registry.restart_hint({"HOME": str(fake_home)}, "darwin") == (
-        "restart clawd to serve it (stop `clawd serve` and start it again)")  # no service installed
+        "restart clawd to serve it (stop `clawd serve` and start it again)"
+    )  # no service installed
     plist.parent.mkdir(parents=True)
     plist.write_text("<plist/>")
     assert model_registry.restart_hint({"HOME": str(fake_home)}, "darwin") == (
-        f"restart clawd to serve it: launchctl kickstart -k gui/{os.getuid()}/ai.clawd.daemon")
+        f"restart clawd to serve it: launchctl kickstart -k gui/{os.getuid()}/ai.clawd.daemon"
+    )
 
 
 def test_mlx_directory_add_and_use(home, capsys, tmp_path):
@@ -269,9 +278,14 @@ def test_bad_input_is_one_line_and_changes_nothing(home, capsys, tiny_gguf, tiny
 
 
 def clawd(home: Path, *args, **env) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "clawd.cli", "models", *args], cwd=ROOT, capture_output=True,
-                          text=True, timeout=120,
-                          env=make_env(home, HF_HOME=home / "hf-home", HF_HUB_DISABLE_TELEMETRY=1, **env))
+    return subprocess.run(
+        [sys.executable, "-m", "clawd.cli", "models", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=make_env(home, HF_HOME=home / "hf-home", HF_HUB_DISABLE_TELEMETRY=1, **env),
+    )
 
 
 def sub_error(proc: subprocess.CompletedProcess) -> str:
@@ -288,8 +302,12 @@ def hub(tiny_gguf):
         "acme/tiny-GGUF": {"README.md": b"# tiny", "tiny-Q8_0.gguf": g, "tiny-Q4_K_M.gguf": g},
         "acme/many-GGUF": {"a-Q8_0.gguf": g, "a-F16.gguf": g},
         "acme/split-GGUF": {"q4/big-Q4_K_M-00001-of-00002.gguf": g, "q4/big-Q4_K_M-00002-of-00002.gguf": b"x" * 99},
-        "acme/tiny-mlx": {"config.json": b'{"model_type": "llama"}', "model.safetensors": b"\0" * 64,
-                          "tokenizer.json": b"{}", "modeling_evil.py": b"import os"},
+        "acme/tiny-mlx": {
+            "config.json": b'{"model_type": "llama"}',
+            "model.safetensors": b"\0" * 64,
+            "tokenizer.json": b"{}",
+            "modeling_evil.py": b"import os",
+        },
         "acme/nothing": {"README.md": b"# empty"},
     }
     with FakeHub(repos, gated={"acme/gated"}) as h:
@@ -308,8 +326,16 @@ def test_pull_gguf_picks_q4_k_m_downloads_and_adds(clawd_home, hub, tiny_gguf):
     fetched = {path for method, path in hub.requests if method == "GET" and "/resolve/" in path}
     assert fetched == {"/acme/tiny-GGUF/resolve/main/tiny-Q4_K_M.gguf"}  # not the Q8_0, not the README
 
-    p = clawd(clawd_home, "pull", "https://huggingface.co/acme/tiny-GGUF", "--file", "tiny-Q8_0.gguf",
-              "--name", "tiny-q8", HF_ENDPOINT=hub.url)
+    p = clawd(
+        clawd_home,
+        "pull",
+        "https://huggingface.co/acme/tiny-GGUF",
+        "--file",
+        "tiny-Q8_0.gguf",
+        "--name",
+        "tiny-q8",
+        HF_ENDPOINT=hub.url,
+    )
     assert p.returncode == 0, p.stderr
     assert registry(clawd_home)["tiny-q8"]["path"].endswith("acme--tiny-GGUF/tiny-Q8_0.gguf")
 
@@ -330,8 +356,7 @@ def test_pull_mlx_repo_fetches_the_directory_without_code(clawd_home, hub):
     entry = registry(clawd_home)["tiny-mlx"]
     d = Path(entry["path"])
     assert entry["kind"] == "mlx" and entry["architecture"] == "llama"
-    assert sorted(f.name for f in d.iterdir() if f.is_file()) == ["config.json", "model.safetensors",
-                                                                   "tokenizer.json"]
+    assert sorted(f.name for f in d.iterdir() if f.is_file()) == ["config.json", "model.safetensors", "tokenizer.json"]
 
 
 def test_pull_errors_are_one_line_and_change_nothing(clawd_home, hub):

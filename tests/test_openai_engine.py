@@ -170,8 +170,13 @@ def test_chat_through_the_daemon_is_logged_with_ids_and_logprobs(upstream, local
     try:
         with httpx.Client(timeout=60) as http:
             model = http.get(d.url + "/v1/models").json()["data"][0]["id"]
-            body = {"model": model, "messages": [{"role": "user", "content": "hello there"}],
-                    "temperature": 0, "max_tokens": 12, "stream": True}
+            body = {
+                "model": model,
+                "messages": [{"role": "user", "content": "hello there"}],
+                "temperature": 0,
+                "max_tokens": 12,
+                "stream": True,
+            }
             with http.stream("POST", d.url + "/v1/chat/completions", json=body) as r:
                 assert r.status_code == 200
                 turn_id = r.headers["x-clawd-turn-id"]
@@ -190,14 +195,18 @@ def test_chat_through_the_daemon_is_logged_with_ids_and_logprobs(upstream, local
 
 
 def test_clawd_serve_engine_openai(upstream, clawd_home):
-    p = ServeProcess(clawd_home, "--engine", "openai", env_extra={"CLAWD_MODEL_BASE_URL": upstream,
-                                                                  "CLAWD_MINING_ENABLED": 0})
+    p = ServeProcess(
+        clawd_home, "--engine", "openai", env_extra={"CLAWD_MODEL_BASE_URL": upstream, "CLAWD_MINING_ENABLED": 0}
+    )
     try:
         url = p.wait_ready(120)
         status = httpx.get(url + "/clawd/status", timeout=10).json()
         assert status["engine"] == "openai"
-        r = httpx.post(url + "/v1/chat/completions", timeout=60, json={
-            "model": status["model"], "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3})
+        r = httpx.post(
+            url + "/v1/chat/completions",
+            timeout=60,
+            json={"model": status["model"], "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3},
+        )
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3
     finally:
         p.kill()

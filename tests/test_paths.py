@@ -121,8 +121,16 @@ def test_macos_mapping_matches_platformdirs(tmp_path, monkeypatch):
 def test_ensure_dirs_creates_everything(tmp_path):
     p = resolve_paths({"CLAWD_HOME": str(tmp_path / "h")}, platform="linux", home=HOME)
     ensure_dirs(p)
-    for d in (p.config_dir, p.data_dir, p.state_dir, p.cache_dir, p.runtime_dir,
-              p.adapters_dir, p.models_dir, p.log_dir):
+    for d in (
+        p.config_dir,
+        p.data_dir,
+        p.state_dir,
+        p.cache_dir,
+        p.runtime_dir,
+        p.adapters_dir,
+        p.models_dir,
+        p.log_dir,
+    ):
         assert d.is_dir(), d
     assert stat.S_IMODE(p.runtime_dir.stat().st_mode) == 0o700
     ensure_dirs(p)  # idempotent

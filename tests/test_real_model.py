@@ -32,8 +32,11 @@ def real_daemon(tmp_path_factory):
 def test_answers_a_simple_question(real_daemon):
     client = openai.OpenAI(base_url=real_daemon.url + "/v1", api_key="local")
     out = client.chat.completions.create(
-        model=EMBEDDED_ID, temperature=0, max_tokens=32,
-        messages=[{"role": "user", "content": "What is the capital of France?"}])
+        model=EMBEDDED_ID,
+        temperature=0,
+        max_tokens=32,
+        messages=[{"role": "user", "content": "What is the capital of France?"}],
+    )
     answer = out.choices[0].message.content
     assert "Paris" in answer
     assert "User:" not in answer  # the transcript's stop string ended the turn
@@ -43,9 +46,14 @@ def test_answers_a_simple_question(real_daemon):
 def test_streams_per_token_and_logs_the_sampled_tokens(real_daemon):
     client = openai.OpenAI(base_url=real_daemon.url + "/v1", api_key="local")
     stream = client.chat.completions.create(
-        model=EMBEDDED_ID, temperature=0.8, seed=7, max_tokens=40, stream=True,
+        model=EMBEDDED_ID,
+        temperature=0.8,
+        seed=7,
+        max_tokens=40,
+        stream=True,
         stream_options={"include_usage": True},
-        messages=[{"role": "user", "content": "Tell me about the moon."}])
+        messages=[{"role": "user", "content": "Tell me about the moon."}],
+    )
     pieces, usage, turn_id = [], None, None
     for chunk in stream:
         turn_id = chunk.id
@@ -65,8 +73,13 @@ def test_streams_per_token_and_logs_the_sampled_tokens(real_daemon):
     # batch shapes (~0.1 nats on Q4_K), so the replay keeps the shapes.
     from llama_cpp import Llama
 
-    llm = Llama(model_path=str(real_daemon.state.model.runner.engine.info.path), n_ctx=512,
-                logits_all=True, n_threads=2, verbose=False)
+    llm = Llama(
+        model_path=str(real_daemon.state.model.runner.engine.info.path),
+        n_ctx=512,
+        logits_all=True,
+        n_threads=2,
+        verbose=False,
+    )
     llm.reset()
     llm.eval(rec.prompt_ids)
     for tok in rec.response_ids[:-1]:

@@ -55,8 +55,7 @@ def wait_status(url: str, pred, timeout: float = 10.0) -> dict:
         if pred(status):
             return status
         time.sleep(0.05)
-    raise AssertionError(f"condition not met within {timeout} s; last status config: "
-                         f"{status and status.get('config')}")
+    raise AssertionError(f"condition not met within {timeout} s; last status config: {status and status.get('config')}")
 
 
 def reloaded_since(t: float):
@@ -68,13 +67,18 @@ def failed_since(t: float):
 
 
 def complete(url: str, text: str = "hello there") -> dict:
-    r = httpx.post(url + "/v1/chat/completions", headers=SIDE, timeout=60, json={
-        "model": "tiny-llama", "messages": [{"role": "user", "content": text}]})
+    r = httpx.post(
+        url + "/v1/chat/completions",
+        headers=SIDE,
+        timeout=60,
+        json={"model": "tiny-llama", "messages": [{"role": "user", "content": text}]},
+    )
     r.raise_for_status()
     return r.json()
 
 
 # ---- a `clawd serve` process ------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory, tiny_gguf):
@@ -107,8 +111,12 @@ def test_max_tokens_change_applies_to_the_next_request(served):
     out = complete(url)
     assert out["usage"]["completion_tokens"] <= 3 and out["choices"][0]["finish_reason"] == "length"
     # A request's own max_tokens still wins over the default.
-    r = httpx.post(url + "/v1/chat/completions", headers=SIDE, timeout=60, json={
-        "model": "tiny-llama", "max_tokens": 6, "messages": [{"role": "user", "content": "hello there"}]})
+    r = httpx.post(
+        url + "/v1/chat/completions",
+        headers=SIDE,
+        timeout=60,
+        json={"model": "tiny-llama", "max_tokens": 6, "messages": [{"role": "user", "content": "hello there"}]},
+    )
     assert 3 < r.json()["usage"]["completion_tokens"] <= 6
 
 
@@ -157,18 +165,30 @@ def test_cli_status_shows_reload_state(served):
     t = edit(home, BASE + '\n[model]\nchat_format = "transcript"\n')
     wait_status(url, reloaded_since(t))
     port = url.rsplit(":", 1)[1]
-    p = subprocess.run([sys.executable, "-m", "clawd.cli", "status"], env=make_env(home, CLAWD_SERVER_PORT=port),
-                       cwd=ROOT, capture_output=True, text=True, timeout=60)
+    p = subprocess.run(
+        [sys.executable, "-m", "clawd.cli", "status"],
+        env=make_env(home, CLAWD_SERVER_PORT=port),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert p.returncode == 0, p.stderr
     line = next(ln for ln in p.stdout.splitlines() if ln.strip().startswith("config"))
     assert "reloaded" in line and "restart to apply model.chat_format" in line
-    p = subprocess.run([sys.executable, "-m", "clawd.cli", "status", "--json"],
-                       env=make_env(home, CLAWD_SERVER_PORT=port), cwd=ROOT, capture_output=True, text=True,
-                       timeout=60)
+    p = subprocess.run(
+        [sys.executable, "-m", "clawd.cli", "status", "--json"],
+        env=make_env(home, CLAWD_SERVER_PORT=port),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert json.loads(p.stdout)["config"]["restart_required"] == ["model.chat_format"]
 
 
 # ---- an in-process daemon started as `clawd serve` would start it, without flags ----------------
+
 
 def start_watched(home: Path, engine, **env_extra) -> RunningDaemon:
     """Like conftest.start_daemon, but serve() gets the env so it watches config.toml."""
@@ -212,8 +232,10 @@ def watched(clawd_home):
 def test_restart_only_keys_are_reported_not_applied(watched):
     home, url = watched.home, watched.url
     root_level = logging.getLogger().level
-    text = ("[server]\nport = 45678\n\n[model]\nn_ctx = 128\n\n[mining]\nenabled = false\n\n"
-            "[generation]\ntop_k = 5\ntemperature = 0.1\n")
+    text = (
+        "[server]\nport = 45678\n\n[model]\nn_ctx = 128\n\n[mining]\nenabled = false\n\n"
+        "[generation]\ntop_k = 5\ntemperature = 0.1\n"
+    )
     try:
         status = wait_status(url, reloaded_since(edit(home, 'log_level = "debug"\n' + text)))
         assert status["config"]["restart_required"] == ["server.port", "model.n_ctx", "generation.top_k"]

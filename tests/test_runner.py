@@ -112,8 +112,13 @@ def test_user_request_preempts_background_generation_within_a_token():
 
         async def background():
             try:
-                async for _ in runner.generate(prompt, SamplingParams(max_tokens=1000, temperature=0),
-                                               adapter=None, cancel=threading.Event(), background=True):
+                async for _ in runner.generate(
+                    prompt,
+                    SamplingParams(max_tokens=1000, temperature=0),
+                    adapter=None,
+                    cancel=threading.Event(),
+                    background=True,
+                ):
                     got.append(time.monotonic())
             except Preempted:
                 outcome["preempted_at"] = time.monotonic()
@@ -134,9 +139,11 @@ def test_user_request_preempts_background_generation_within_a_token():
         assert "finished" not in outcome, "background generation ran to its end"
         after = sum(t > arrived for t in got)
         fg_wait = rec.started["user"] - arrived
-        print(f"\npreempted generation: {after} token(s) after the user arrived, user started after "
-              f"{fg_wait * 1000:.0f} ms (token step {TOKEN_S * 1000:.0f} ms), background saw Preempted "
-              f"{(outcome['preempted_at'] - arrived) * 1000:.0f} ms after")
+        print(
+            f"\npreempted generation: {after} token(s) after the user arrived, user started after "
+            f"{fg_wait * 1000:.0f} ms (token step {TOKEN_S * 1000:.0f} ms), background saw Preempted "
+            f"{(outcome['preempted_at'] - arrived) * 1000:.0f} ms after"
+        )
         assert after <= 1  # at most the token already being computed
         assert fg_wait < 2 * TOKEN_S + 0.05  # about one token step, not the whole generation
         assert outcome["preempted_at"] - arrived < 2 * TOKEN_S + 0.05
@@ -147,14 +154,21 @@ def test_user_request_preempts_background_generation_within_a_token():
 
 def test_user_generation_is_never_preempted():
     """Only background work yields: a user's stream runs to its end while others wait."""
+
     async def go():
         engine = FakeEngine(token_delay=0.005)
         runner = EngineRunner(engine)
         prompt = engine.tokenize("User: hello there", add_bos=True)
         try:
+
             async def stream():
-                return [t.id async for t in runner.generate(prompt, SamplingParams(temperature=0), adapter=None,
-                                                              cancel=threading.Event())]
+                return [
+                    t.id
+                    async for t in runner.generate(
+                        prompt, SamplingParams(temperature=0), adapter=None, cancel=threading.Event()
+                    )
+                ]
+
             first = asyncio.create_task(stream())
             await until(lambda: runner.busy)  # the first is streaming when the second arrives
             second = asyncio.create_task(stream())
@@ -225,8 +239,10 @@ def test_background_scoring_is_preempted_between_chunks(tiny_engine):
         engine._decode = real_decode
     n_chunks = len(target) // 4
     cancelled_index = decodes.index(True) if True in decodes else len(decodes)
-    print(f"\npreempted score: stopped after decode {cancelled_index}/{n_chunks} chunks, "
-          f"{preempt_s * 1000:.1f} ms after the user arrived")
+    print(
+        f"\npreempted score: stopped after decode {cancelled_index}/{n_chunks} chunks, "
+        f"{preempt_s * 1000:.1f} ms after the user arrived"
+    )
     # The chunk in flight finishes; no chunk of the background call starts after the
     # cancel (decodes after that index belong to the user's own score).
     assert cancelled_index == 10
@@ -308,6 +324,7 @@ def test_ownership_handed_to_a_waiter_cancelled_at_that_moment_is_passed_on():
 def test_background_handed_the_engine_while_a_user_queues_is_preempted_at_once():
     """Ownership is handed to a background waiter, and before it resumes a user queues (so
     there was no background holder to preempt yet): it must find its cancel event set."""
+
     async def go():
         gate = _Turnstile()
         await gate.acquire(False, None)
@@ -336,8 +353,9 @@ def test_closing_a_stream_early_stops_the_engine_before_the_next_request():
         runner, rec = EngineRunner(engine), Recorder()
         prompt = engine.tokenize("User: " + "x" * 300, add_bos=True)
         try:
-            gen = runner.generate(prompt, SamplingParams(max_tokens=1000, temperature=0), adapter=None,
-                                  cancel=threading.Event())
+            gen = runner.generate(
+                prompt, SamplingParams(max_tokens=1000, temperature=0), adapter=None, cancel=threading.Event()
+            )
             n = 0
             async for _ in gen:
                 n += 1

@@ -16,8 +16,14 @@ from tests.conftest import ROOT, ServeProcess, make_env
 
 
 def clawd(home, *args, **env_extra) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "clawd.cli", *args], env=make_env(home, **env_extra),
-                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "clawd.cli", *args],
+        env=make_env(home, **env_extra),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def one_line_error(proc: subprocess.CompletedProcess) -> str:
@@ -89,8 +95,11 @@ def test_status_and_models_cli(clawd_home, tiny_gguf):
 
 
 def _chat(url: str, model: str, text: str, **extra) -> dict:
-    r = httpx.post(url + "/v1/chat/completions", timeout=60, json={
-        "model": model, "messages": [{"role": "user", "content": text}], "temperature": 0, **extra})
+    r = httpx.post(
+        url + "/v1/chat/completions",
+        timeout=60,
+        json={"model": model, "messages": [{"role": "user", "content": text}], "temperature": 0, **extra},
+    )
     r.raise_for_status()
     return r.json()
 
@@ -101,8 +110,13 @@ def _kill_mid_stream(home, model_args, model_id, max_tokens):
     try:
         url = serve.wait_ready()
         done = [_chat(url, model_id, f"question {i}", max_tokens=8)["id"] for i in range(2)]
-        body = {"model": model_id, "stream": True, "max_tokens": max_tokens, "temperature": 1.0,
-                "messages": [{"role": "user", "content": "tell me everything"}]}
+        body = {
+            "model": model_id,
+            "stream": True,
+            "max_tokens": max_tokens,
+            "temperature": 1.0,
+            "messages": [{"role": "user", "content": "tell me everything"}],
+        }
         with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=60) as r:
             for line in r.iter_lines():
                 if '"content":"' in line and '"content":""' not in line:
@@ -118,8 +132,10 @@ def _check_store_after_kill(home, done: list[str]) -> None:
     con = sqlite3.connect(db)
     try:
         assert con.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
-        rows = {r[0]: r for r in con.execute(
-            "SELECT id, length(response_ids), length(response_logprobs), finish_reason FROM turns")}
+        rows = {
+            r[0]: r
+            for r in con.execute("SELECT id, length(response_ids), length(response_logprobs), finish_reason FROM turns")
+        }
     finally:
         con.close()
     for turn_id in done:

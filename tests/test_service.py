@@ -70,6 +70,7 @@ def unit_entries(text: str) -> dict[str, list[str]]:
 
 # ---- rendering -------------------------------------------------------------------------------
 
+
 def test_systemd_unit_is_absolute_and_complete(user_env):
     env = {**user_env, "CLAWD_HOME": "~/clawd home", "XDG_DATA_HOME": "/data/xdg", "XDG_CACHE_HOME": "rel"}
     path, text = service.render("linux", CLAWD_EXE, env)
@@ -109,14 +110,20 @@ def test_training_units_are_absolute_and_complete(user_env):
     env = {**user_env, "CLAWD_HOME": "/srv/clawd", "XDG_DATA_HOME": "/data/xdg"}
     files = service.render_all("linux", CLAWD_EXE, env)
     units = Path(user_env["HOME"]) / ".config" / "systemd" / "user"
-    assert [p for p, _ in files] == [units / "clawd.service", units / "clawd-train.service",
-                                     units / "clawd-train.timer"]
+    assert [p for p, _ in files] == [
+        units / "clawd.service",
+        units / "clawd-train.service",
+        units / "clawd-train.timer",
+    ]
     daemon, train, timer = (unit_entries(text) for _, text in files)
     assert daemon["Service.TimeoutStopSec"] == ["45"]  # the trainer child stops at a checkpoint (~20 s)
     assert train["Service.Type"] == ["oneshot"]
     assert train["Service.ExecStart"] == [f"{CLAWD_EXE} train --now --scheduled"]
-    assert (train["Service.Nice"], train["Service.CPUSchedulingPolicy"], train["Service.IOSchedulingClass"]) == \
-        (["19"], ["idle"], ["idle"])
+    assert (train["Service.Nice"], train["Service.CPUSchedulingPolicy"], train["Service.IOSchedulingClass"]) == (
+        ["19"],
+        ["idle"],
+        ["idle"],
+    )
     assert train["Service.Environment"] == daemon["Service.Environment"]  # finds the same daemon and files
     assert "Install.WantedBy" not in train and "Service.Restart" not in train  # started by the timer only
     assert timer["Timer.OnCalendar"] == ["*-*-* 03:00:00"] and timer["Timer.Persistent"] == ["true"]
@@ -136,8 +143,9 @@ def test_systemd_analyze_verifies_the_units(user_env, tmp_path):
     runtime.mkdir(mode=0o700)
     env = {**os.environ, "XDG_RUNTIME_DIR": str(runtime), "HOME": user_env["HOME"]}
     units = [str(verify / n) for n in ("clawd.service", "clawd-train.service", "clawd-train.timer")]
-    p = subprocess.run(["systemd-analyze", "--user", "verify", *units], capture_output=True, text=True,
-                       env=env, timeout=60)
+    p = subprocess.run(
+        ["systemd-analyze", "--user", "verify", *units], capture_output=True, text=True, env=env, timeout=60
+    )
     assert p.returncode == 0 and not (p.stdout + p.stderr).strip(), p.stdout + p.stderr
 
 
@@ -213,20 +221,28 @@ def test_repository_examples_are_current_renderings():
         examples = service.render_examples(platform)
         assert sorted(examples) == sorted(p.name for p in (ROOT / folder).iterdir())
         for name, text in examples.items():
-            assert (ROOT / folder / name).read_text() == text, f"{folder / name} is stale: run `python -m clawd.service`"
+            assert (ROOT / folder / name).read_text() == text, (
+                f"{folder / name} is stale: run `python -m clawd.service`"
+            )
 
 
 def test_templates_ship_as_package_data():
     # Read through importlib.resources (works in a wheel), and covered by pyproject's package-data.
     units = resources.files("clawd").joinpath("units")
     names = sorted(p.name for p in units.iterdir() if p.is_file())
-    assert names == ["ai.clawd.daemon.plist", "ai.clawd.train.plist", "clawd-train.service", "clawd-train.timer",
-                     "clawd.service"]
+    assert names == [
+        "ai.clawd.daemon.plist",
+        "ai.clawd.train.plist",
+        "clawd-train.service",
+        "clawd-train.timer",
+        "clawd.service",
+    ]
     patterns = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["clawd"]
     assert all(any(fnmatch(f"units/{n}", p) for p in patterns) for n in names)
 
 
 # ---- install / uninstall / status / logs -----------------------------------------------------------
+
 
 def test_install_and_uninstall_systemd(user_env):
     runner = FakeRunner({("loginctl",): CommandResult(0, "Linger=no\n")})
@@ -260,10 +276,12 @@ def test_install_and_uninstall_systemd(user_env):
     assert service.uninstall("linux", user_env, runner=runner, echo=out.append, uid=1000) == 0
     assert not any(p.exists() for p, _ in files)
     assert list(path.parent.iterdir()) == []  # no temporary file left behind either
-    assert runner.calls == [["systemctl", "--user", "disable", "--now", "clawd-train.timer"],
-                            ["systemctl", "--user", "stop", "clawd-train.service"],
-                            ["systemctl", "--user", "disable", "--now", "clawd.service"],
-                            ["systemctl", "--user", "daemon-reload"]]
+    assert runner.calls == [
+        ["systemctl", "--user", "disable", "--now", "clawd-train.timer"],
+        ["systemctl", "--user", "stop", "clawd-train.service"],
+        ["systemctl", "--user", "disable", "--now", "clawd.service"],
+        ["systemctl", "--user", "daemon-reload"],
+    ]
     runner.calls.clear()
     out.clear()
     assert service.uninstall("linux", user_env, runner=runner, echo=out.append, uid=1000) == 0
@@ -294,21 +312,24 @@ def test_install_failures_are_reported(user_env):
 def test_install_and_uninstall_launchd(user_env):
     runner = FakeRunner()
     out: list[str] = []
-    assert service.install("darwin", user_env, clawd_executable=CLAWD_EXE, runner=runner, echo=out.append,
-                           uid=501) == 0
+    assert service.install("darwin", user_env, clawd_executable=CLAWD_EXE, runner=runner, echo=out.append, uid=501) == 0
     agents = Path(user_env["HOME"]) / "Library" / "LaunchAgents"
     path, train = agents / "ai.clawd.daemon.plist", agents / "ai.clawd.train.plist"
     assert plistlib.loads(path.read_bytes())["ProgramArguments"] == [CLAWD_EXE, "serve"]
     assert plistlib.loads(train.read_bytes())["ProgramArguments"] == [CLAWD_EXE, "train", "--now", "--scheduled"]
     assert (Path(user_env["HOME"]) / "Library" / "Logs" / "clawd").is_dir()  # launchd will not create it
-    assert runner.calls == [["launchctl", "bootout", "gui/501/ai.clawd.daemon"],
-                            ["launchctl", "bootout", "gui/501/ai.clawd.train"],
-                            ["launchctl", "bootstrap", "gui/501", str(path)],
-                            ["launchctl", "bootstrap", "gui/501", str(train)]]
+    assert runner.calls == [
+        ["launchctl", "bootout", "gui/501/ai.clawd.daemon"],
+        ["launchctl", "bootout", "gui/501/ai.clawd.train"],
+        ["launchctl", "bootstrap", "gui/501", str(path)],
+        ["launchctl", "bootstrap", "gui/501", str(train)],
+    ]
     runner.calls.clear()
     assert service.uninstall("darwin", user_env, runner=runner, echo=out.append, uid=501) == 0
-    assert runner.calls == [["launchctl", "bootout", "gui/501/ai.clawd.train"],
-                            ["launchctl", "bootout", "gui/501/ai.clawd.daemon"]]
+    assert runner.calls == [
+        ["launchctl", "bootout", "gui/501/ai.clawd.train"],
+        ["launchctl", "bootout", "gui/501/ai.clawd.daemon"],
+    ]
     assert list(agents.iterdir()) == []
 
 
@@ -323,16 +344,20 @@ def test_uninstall_an_install_that_predates_the_training_units(user_env):
     assert not any("clawd-train" in " ".join(c) for c in runner.calls)
     runner.calls.clear()
     assert service.uninstall("linux", user_env, runner=runner, echo=lambda _: None) == 0
-    assert runner.calls == [["systemctl", "--user", "disable", "--now", "clawd.service"],
-                            ["systemctl", "--user", "daemon-reload"]]
+    assert runner.calls == [
+        ["systemctl", "--user", "disable", "--now", "clawd.service"],
+        ["systemctl", "--user", "daemon-reload"],
+    ]
     assert not path.exists()
 
 
 def test_dry_run_writes_and_runs_nothing(user_env):
     out: list[str] = []
     runner = FakeRunner()
-    assert service.install("linux", user_env, clawd_executable=CLAWD_EXE, runner=runner, echo=out.append,
-                           dry_run=True) == 0
+    assert (
+        service.install("linux", user_env, clawd_executable=CLAWD_EXE, runner=runner, echo=out.append, dry_run=True)
+        == 0
+    )
     assert runner.calls == []
     assert list(Path(user_env["HOME"]).iterdir()) == []
     path, text = service.render("linux", CLAWD_EXE, user_env)
@@ -362,21 +387,40 @@ def test_status_and_logs(user_env):
     assert not st.installed and not st.active and runner.calls == []  # nothing to ask systemd about
 
     service.install("linux", user_env, clawd_executable=CLAWD_EXE, runner=runner, echo=lambda _: None)
-    runner = FakeRunner({("systemctl", "--user", "is-enabled"): CommandResult(0, "enabled\n"),
-                         ("systemctl", "--user", "is-active"): CommandResult(0, "active\n"),
-                         ("systemctl", "--user", "show", "clawd-train.timer"): CommandResult(
-                             0, "NextElapseUSecRealtime=Tue 2025-01-14 03:00:00 CET\nUnitFileState=enabled\n"
-                                "ActiveState=active\n"),
-                         ("loginctl",): CommandResult(0, "Linger=yes\n")})
+    runner = FakeRunner(
+        {
+            ("systemctl", "--user", "is-enabled"): CommandResult(0, "enabled\n"),
+            ("systemctl", "--user", "is-active"): CommandResult(0, "active\n"),
+            ("systemctl", "--user", "show", "clawd-train.timer"): CommandResult(
+                0, "NextElapseUSecRealtime=Tue 2025-01-14 03:00:00 CET\nUnitFileState=enabled\nActiveState=active\n"
+            ),
+            ("loginctl",): CommandResult(0, "Linger=yes\n"),
+        }
+    )
     st = service.status("linux", user_env, runner=runner)
     assert (st.installed, st.enabled, st.state, st.active, st.linger) == (True, "enabled", "active", True, True)
     assert (st.training, st.next_training) == ("enabled, active", "Tue 2025-01-14 03:00:00 CET")
     assert st.notes == ["overnight training: clawd-train.timer enabled, active; next run Tue 2025-01-14 03:00:00 CET"]
     assert st.to_dict()["next_training"] == st.next_training
-    assert ["systemctl", "--user", "show", "clawd-train.timer", "-p", "UnitFileState", "-p", "ActiveState",
-            "-p", "NextElapseUSecRealtime"] in runner.calls
-    disarmed = FakeRunner({("systemctl", "--user", "show"): CommandResult(
-        0, "UnitFileState=disabled\nActiveState=inactive\nNextElapseUSecRealtime=\n")})
+    assert [
+        "systemctl",
+        "--user",
+        "show",
+        "clawd-train.timer",
+        "-p",
+        "UnitFileState",
+        "-p",
+        "ActiveState",
+        "-p",
+        "NextElapseUSecRealtime",
+    ] in runner.calls
+    disarmed = FakeRunner(
+        {
+            ("systemctl", "--user", "show"): CommandResult(
+                0, "UnitFileState=disabled\nActiveState=inactive\nNextElapseUSecRealtime=\n"
+            )
+        }
+    )
     st = service.status("linux", user_env, runner=disarmed)
     assert (st.training, st.next_training) == ("disabled, inactive", None)
     assert any("systemctl --user enable --now clawd-train.timer" in n for n in st.notes)
@@ -385,8 +429,7 @@ def test_status_and_logs(user_env):
     assert st.state == "failed" and not st.active and any("clawd service logs" in n for n in st.notes)
 
     service.logs("linux", user_env, runner=runner, follow=False)
-    assert runner.calls[-1] == ["journalctl", "--user", "-u", "clawd", "-u", "clawd-train", "-n", "200",
-                                "--no-pager"]
+    assert runner.calls[-1] == ["journalctl", "--user", "-u", "clawd", "-u", "clawd-train", "-n", "200", "--no-pager"]
     service.logs("darwin", user_env, runner=runner)
     logs = Path(user_env["HOME"]) / "Library" / "Logs" / "clawd"
     assert runner.calls[-1] == ["tail", "-n", "100", "-F", str(logs / "clawd.out.log"), str(logs / "clawd.err.log")]
@@ -395,8 +438,9 @@ def test_status_and_logs(user_env):
     service.logs("darwin", user_env, runner=runner)
     assert runner.calls[-1][-1] == str(logs / "train.log")
 
-    mac = FakeRunner({("launchctl", "print"): CommandResult(0, "gui/501/ai.clawd.daemon = {\n\tstate = running\n"
-                                                              "\tpid = 4242\n}\n")})
+    mac = FakeRunner(
+        {("launchctl", "print"): CommandResult(0, "gui/501/ai.clawd.daemon = {\n\tstate = running\n\tpid = 4242\n}\n")}
+    )
     service.install("darwin", user_env, clawd_executable=CLAWD_EXE, runner=mac, echo=lambda _: None, uid=501)
     st = service.status("darwin", user_env, runner=mac, uid=501)
     assert (st.state, st.pid, st.active, st.training) == ("running", 4242, True, "loaded")
@@ -410,19 +454,32 @@ def test_cli_dry_run(tmp_path, clawd_home):
     home.mkdir()
     env = make_env(clawd_home, HOME=str(home))
     env.pop("XDG_CONFIG_HOME", None)
-    p = subprocess.run([sys.executable, "-m", "clawd.cli", "service", "install", "--dry-run"], env=env, cwd=ROOT,
-                       capture_output=True, text=True, timeout=60)
+    p = subprocess.run(
+        [sys.executable, "-m", "clawd.cli", "service", "install", "--dry-run"],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert p.returncode == 0, p.stderr
     assert list(home.iterdir()) == []  # nothing written, nothing run
     target = service.unit_path(sys.platform, env)
     assert f"would write {target}:" in p.stdout and "would run: " in p.stdout
     assert f"CLAWD_HOME={clawd_home}" in p.stdout
-    p = subprocess.run([sys.executable, "-m", "clawd.cli", "service", "status", "--json"], env=env, cwd=ROOT,
-                       capture_output=True, text=True, timeout=60)
+    p = subprocess.run(
+        [sys.executable, "-m", "clawd.cli", "service", "status", "--json"],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert p.returncode == 3 and json.loads(p.stdout)["installed"] is False
 
 
 # ---- stopping the service ----------------------------------------------------------------------
+
 
 def test_sigterm_during_stream_ends_it_cleanly(clawd_home, tiny_gguf):
     """`systemctl stop` / `launchctl bootout` send SIGTERM: the stream in flight gets a
@@ -433,8 +490,14 @@ def test_sigterm_during_stream_ends_it_cleanly(clawd_home, tiny_gguf):
     sent = False
     try:
         url = serve.wait_ready()
-        body = {"model": "tiny-llama", "stream": True, "max_tokens": 400, "temperature": 1.0, "seed": 1,
-                "messages": [{"role": "user", "content": "tell me everything"}]}
+        body = {
+            "model": "tiny-llama",
+            "stream": True,
+            "max_tokens": 400,
+            "temperature": 1.0,
+            "seed": 1,
+            "messages": [{"role": "user", "content": "tell me everything"}],
+        }
         with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=30) as r:
             turn_id = r.headers["x-clawd-turn-id"]
             for line in r.iter_lines():  # a hang here fails on the 30 s read timeout
@@ -454,8 +517,9 @@ def test_sigterm_during_stream_ends_it_cleanly(clawd_home, tiny_gguf):
     assert finish["delta"] == {} and finish["finish_reason"] in ("stop", "length")
     con = sqlite3.connect(clawd_home / "data" / "clawd.db")
     try:
-        row = con.execute("SELECT length(response_ids), length(response_logprobs), finish_reason FROM turns "
-                          "WHERE id = ?", (turn_id,)).fetchone()
+        row = con.execute(
+            "SELECT length(response_ids), length(response_logprobs), finish_reason FROM turns WHERE id = ?", (turn_id,)
+        ).fetchone()
     finally:
         con.close()
     if row is not None:  # logged whole or not at all

@@ -36,21 +36,39 @@ def H(**kv) -> Headers:
 _n = 0
 
 
-async def record(db, messages, response: str, *, session_id: str, created_at: float | None = None,
-                 source: str = "new", turn_type: str = "main") -> TurnRecord:
+async def record(
+    db,
+    messages,
+    response: str,
+    *,
+    session_id: str,
+    created_at: float | None = None,
+    source: str = "new",
+    turn_type: str = "main",
+) -> TurnRecord:
     """Store a turn the way chat.py does: hashes from sessions.py."""
     global _n
     _n += 1
     msgs = [Message.model_validate(m) for m in messages]
     rec = TurnRecord(
-        id=f"chatcmpl-t{_n}", session_id=session_id, turn_type=turn_type,
+        id=f"chatcmpl-t{_n}",
+        session_id=session_id,
+        turn_type=turn_type,
         request={"messages": messages},
         request_hash=sessions.messages_hash(msgs),
         continuation_hash=sessions.continuation_hash(msgs, response),
-        prompt_text="p", prompt_ids=[1, 2, 3], response_ids=[4, 5],
-        response_logprobs=np.array([-0.1, -0.2], np.float32), response_text=response,
-        finish_reason="stop", sampling={}, engine="fake", model="m", chat_format="transcript",
-        timings={}, **({"created_at": created_at} if created_at is not None else {}),
+        prompt_text="p",
+        prompt_ids=[1, 2, 3],
+        response_ids=[4, 5],
+        response_logprobs=np.array([-0.1, -0.2], np.float32),
+        response_text=response,
+        finish_reason="stop",
+        sampling={},
+        engine="fake",
+        model="m",
+        chat_format="transcript",
+        timings={},
+        **({"created_at": created_at} if created_at is not None else {}),
     )
     await insert_turn(db, rec, source=source)
     return rec
@@ -92,25 +110,34 @@ async def test_first_request_starts_new_session(db):
     assert b.session_id != a.session_id
 
 
-@pytest.mark.parametrize("echo", [
-    {"role": "assistant", "content": A1},
-    {"role": "assistant", "content": "  " + A1 + "\n"},  # client trimmed / padded whitespace
-    {"role": "assistant", "content": [{"type": "text", "text": "The capital of "},
-                                      {"type": "text", "text": "France is Paris."}]},
-], ids=["exact", "whitespace", "parts"])
+@pytest.mark.parametrize(
+    "echo",
+    [
+        {"role": "assistant", "content": A1},
+        {"role": "assistant", "content": "  " + A1 + "\n"},  # client trimmed / padded whitespace
+        {
+            "role": "assistant",
+            "content": [{"type": "text", "text": "The capital of "}, {"type": "text", "text": "France is Paris."}],
+        },
+    ],
+    ids=["exact", "whitespace", "parts"],
+)
 async def test_prefix_continues_session(db, echo):
     await record(db, [{"role": "system", "content": "Be brief."}, U1], A1, session_id="s-conv")
     user_as_parts = {"role": "user", "content": [{"type": "text", "text": U1["content"]}]}
-    follow = [{"role": "system", "content": "Be brief. "}, user_as_parts, echo,
-              {"role": "user", "content": "And Spain?"}]
+    follow = [
+        {"role": "system", "content": "Be brief. "},
+        user_as_parts,
+        echo,
+        {"role": "user", "content": "And Spain?"},
+    ]
     a = await sessions.attribute(db, request(follow), H())
     assert (a.session_id, a.source, a.requery_of) == ("s-conv", "prefix", None)
 
 
 async def test_prefix_continues_through_tool_result(db):
     await record(db, [U1], A1, session_id="s-tool")
-    follow = [U1, {"role": "assistant", "content": A1},
-              {"role": "tool", "tool_call_id": "call_1", "content": "ok"}]
+    follow = [U1, {"role": "assistant", "content": A1}, {"role": "tool", "tool_call_id": "call_1", "content": "ok"}]
     a = await sessions.attribute(db, request(follow), H())
     assert (a.session_id, a.source) == ("s-tool", "prefix")
 
@@ -207,17 +234,30 @@ async def test_invalid_turn_type_is_invalid_request(db):
     assert ei.value.param == "turn_type"
 
 
-@pytest.mark.parametrize("value,done", [
-    ("1", True), ("true", True), ("TRUE", True), ("yes", True), ("On", True), (" yes ", True),
-    ("0", False), ("false", False), ("no", False), ("", False), ("2", False),
-])
+@pytest.mark.parametrize(
+    "value,done",
+    [
+        ("1", True),
+        ("true", True),
+        ("TRUE", True),
+        ("yes", True),
+        ("On", True),
+        (" yes ", True),
+        ("0", False),
+        ("false", False),
+        ("no", False),
+        ("", False),
+        ("2", False),
+    ],
+)
 async def test_session_done_header(db, value, done):
     a = await sessions.attribute(db, request([U1]), H(x_session_done=value))
     assert a.session_done is done
 
 
-@pytest.mark.parametrize("value,done", [(True, True), ("yes", True), ("1", True), (False, False),
-                                        (None, False), ("off", False)])
+@pytest.mark.parametrize(
+    "value,done", [(True, True), ("yes", True), ("1", True), (False, False), (None, False), ("off", False)]
+)
 async def test_session_done_body(db, value, done):
     a = await sessions.attribute(db, request([U1], session_done=value), H())
     assert a.session_done is done

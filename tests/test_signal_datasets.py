@@ -23,17 +23,42 @@ from tests.conftest import ROOT, make_env
 from tests.test_miner import CORRECTION, CORRECTION_HINT, LP_ON, THANKS, UNRELATED, Convo, mine, mining_daemon
 
 TRL_KEYS = {
-    "prompt", "completion", "tools", "label", "reward", "reward_source", "hint", "teacher_prompt",
-    "prompt_ids", "completion_ids", "completion_logprobs", "teacher_logprobs", "top_k",
-    "student_top_ids", "student_top_logprobs", "teacher_top_logprobs",
-    "turn_id", "session_id", "model", "engine", "chat_format", "adapter_id", "created_at",
+    "prompt",
+    "completion",
+    "tools",
+    "label",
+    "reward",
+    "reward_source",
+    "hint",
+    "teacher_prompt",
+    "prompt_ids",
+    "completion_ids",
+    "completion_logprobs",
+    "teacher_logprobs",
+    "top_k",
+    "student_top_ids",
+    "student_top_logprobs",
+    "teacher_top_logprobs",
+    "turn_id",
+    "session_id",
+    "model",
+    "engine",
+    "chat_format",
+    "adapter_id",
+    "created_at",
 }
 SYSTEM = "You are terse."
 
 
 def run_cli(home, *args) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "clawd.cli", *args], env=make_env(home), cwd=ROOT,
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "clawd.cli", *args],
+        env=make_env(home),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def read_jsonl(path) -> list[dict]:
@@ -53,10 +78,15 @@ def world(tmp_path_factory):
         # A system message and list-of-parts content, as some clients send them.
         thanked = Convo(d, http)
         thanked.messages.append({"role": "system", "content": SYSTEM})
-        thanked.messages.append({"role": "user", "content": [{"type": "text", "text": "What color "},
-                                                              {"type": "text", "text": "is the sky?"}]})
-        r = http.post(d.url + "/v1/chat/completions",
-                      json={"model": "fake-model", "messages": thanked.messages, "temperature": 0})
+        thanked.messages.append(
+            {
+                "role": "user",
+                "content": [{"type": "text", "text": "What color "}, {"type": "text", "text": "is the sky?"}],
+            }
+        )
+        r = http.post(
+            d.url + "/v1/chat/completions", json={"model": "fake-model", "messages": thanked.messages, "temperature": 0}
+        )
         t_thanked = r.headers["x-clawd-turn-id"]
         thanked.messages.append({"role": "assistant", "content": r.json()["choices"][0]["message"]["content"]})
         thanked.say(THANKS)
@@ -106,7 +136,8 @@ def test_trl_export_field_by_field(world, tmp_path):
     assert (corr["reward"], corr["label"], corr["reward_source"]) == (-1, False, "rules")
     assert corr["hint"] == CORRECTION_HINT
     assert corr["teacher_prompt"] == [
-        {"role": "user", "content": "Suggest a color for my living room." + HINT_MARKER + CORRECTION_HINT}]
+        {"role": "user", "content": "Suggest a color for my living room." + HINT_MARKER + CORRECTION_HINT}
+    ]
     # Token level: the exact sampled ids, and every array aligned with them.
     assert corr["prompt_ids"] == turn.prompt_ids
     assert corr["completion_ids"] == turn.response_ids
@@ -127,12 +158,18 @@ def test_trl_export_field_by_field(world, tmp_path):
     np.testing.assert_allclose(corr["completion_logprobs"], LP_ON, atol=1e-6)
     assert [row[0] for row in corr["student_top_ids"]] == corr["completion_ids"]
     assert (corr["model"], corr["engine"], corr["chat_format"], corr["adapter_id"]) == (
-        "fake-model", "fake", turn.chat_format, None)
+        "fake-model",
+        "fake",
+        turn.chat_format,
+        None,
+    )
     assert corr["session_id"] == turn.session_id and corr["created_at"] == turn.created_at
 
     # The approved answer: reward +1, no hint, so no teacher arrays; parts joined to text.
-    assert thanks["prompt"] == [{"role": "system", "content": SYSTEM},
-                                {"role": "user", "content": "What color is the sky?"}]
+    assert thanks["prompt"] == [
+        {"role": "system", "content": SYSTEM},
+        {"role": "user", "content": "What color is the sky?"},
+    ]
     assert thanks["completion"] == [{"role": "assistant", "content": "You said: What color is the sky?"}]
     assert (thanks["reward"], thanks["label"], thanks["hint"], thanks["teacher_prompt"]) == (1, True, None, None)
     for key in ("teacher_logprobs", "top_k", "student_top_ids", "student_top_logprobs", "teacher_top_logprobs"):

@@ -26,15 +26,13 @@ CASES = [
     # id, stops, pieces, emitted per piece, hit, flushed tail
     ("inside-one-piece", ["STOP"], ["abSTOPcd"], ["ab"], True, ""),
     ("at-start", ["STOP"], ["STOP and more"], [""], True, ""),
-    ("split-across-pieces", ["\nUser:"], ["Hi", " there\nU", "ser:", " next"],
-     ["Hi", " there", ""], True, ""),
+    ("split-across-pieces", ["\nUser:"], ["Hi", " there\nU", "ser:", " next"], ["Hi", " there", ""], True, ""),
     ("split-over-three", ["END"], ["x", "E", "N", "D", "y"], ["x", "", "", ""], True, ""),
     ("partial-then-mismatch", ["\nUser:"], ["Hello\nUs", "e it"], ["Hello", "\nUse it"], False, ""),
     ("partial-then-mismatch-then-stop", ["STOP"], ["aST", "x", "bSTOP"], ["a", "STx", "b"], True, ""),
     ("held-prefix-restarts", ["abc"], ["aa", "bc"], ["a", ""], True, ""),
     ("earliest-of-many", ["two", "one"], ["zero one two"], ["zero "], True, ""),
-    ("earliest-of-many-split", ["\nUser:", "\nTool result:"], ["ok\nTool", " result: x\nUser:"],
-     ["ok", ""], True, ""),
+    ("earliest-of-many-split", ["\nUser:", "\nTool result:"], ["ok\nTool", " result: x\nUser:"], ["ok", ""], True, ""),
     ("flush-returns-held", ["\nUser:"], ["done\nUs"], ["done"], False, "\nUs"),
     ("flush-nothing-held", ["STOP"], ["plain"], ["plain"], False, ""),
     ("no-stops-passthrough", [], ["a\nUser:", "b"], ["a\nUser:", "b"], False, ""),
@@ -43,8 +41,7 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("stops,pieces,emitted,hit,tail", [c[1:] for c in CASES],
-                         ids=[c[0] for c in CASES])
+@pytest.mark.parametrize("stops,pieces,emitted,hit,tail", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
 def test_stop_matcher(stops, pieces, emitted, hit, tail):
     got, got_hit, got_tail = run(stops, pieces)
     assert got == emitted
@@ -52,11 +49,14 @@ def test_stop_matcher(stops, pieces, emitted, hit, tail):
     assert got_tail == tail
 
 
-@pytest.mark.parametrize("stops,pieces", [
-    (["\nUser:"], ["Hello\nUs", "e it", " and ", "\n", "bye"]),
-    (["ab", "abc"], ["xa", "bb", "a"]),
-    (["STOP"], ["S", "T", "O", "P"]),
-])
+@pytest.mark.parametrize(
+    "stops,pieces",
+    [
+        (["\nUser:"], ["Hello\nUs", "e it", " and ", "\n", "bye"]),
+        (["ab", "abc"], ["xa", "bb", "a"]),
+        (["STOP"], ["S", "T", "O", "P"]),
+    ],
+)
 def test_no_text_lost_or_duplicated(stops, pieces):
     """Everything emitted + flushed equals the input up to the first stop."""
     m = StopMatcher(stops)

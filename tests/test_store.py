@@ -85,17 +85,10 @@ async def test_blank_database_migrates_to_latest(tmp_path):
     path = tmp_path / "a" / "b" / "clawd.db"  # parent dirs are created
     async with await Database.open(path) as db:
         rows = await db.conn.execute_fetchall("SELECT id, name FROM migrations ORDER BY id")
-        assert [tuple(r) for r in rows] == [
-            (migrations.migration_id(fn), fn.__name__) for fn in migrations.MIGRATIONS
-        ]
-        tables = {
-            r[0]
-            for r in await db.conn.execute_fetchall("SELECT name FROM sqlite_master WHERE type='table'")
-        }
+        assert [tuple(r) for r in rows] == [(migrations.migration_id(fn), fn.__name__) for fn in migrations.MIGRATIONS]
+        tables = {r[0] for r in await db.conn.execute_fetchall("SELECT name FROM sqlite_master WHERE type='table'")}
         assert {"migrations", "sessions", "turns"} <= tables
-        indexes = {
-            r[0] for r in await db.conn.execute_fetchall("SELECT name FROM sqlite_master WHERE type='index'")
-        }
+        indexes = {r[0] for r in await db.conn.execute_fetchall("SELECT name FROM sqlite_master WHERE type='index'")}
         assert {"turns_session_created", "turns_request_hash", "turns_continuation_hash"} <= indexes
 
 
@@ -315,9 +308,7 @@ async def test_cancelled_transaction_rolls_back(db):
 
     async def writer():
         async with db.transaction():
-            await db.conn.execute(
-                "INSERT INTO sessions (id, created_at, updated_at, source) VALUES ('x', 0, 0, 'new')"
-            )
+            await db.conn.execute("INSERT INTO sessions (id, created_at, updated_at, source) VALUES ('x', 0, 0, 'new')")
             started.set()
             await asyncio.sleep(10)
 

@@ -28,6 +28,7 @@ def test_code_is_formatted():
 
 
 def test_lint_passes():
-    out = subprocess.run([*_ruff(), "check", "--output-format", "concise", *PATHS], cwd=ROOT,
-                         capture_output=True, text=True)
+    out = subprocess.run(
+        [*_ruff(), "check", "--output-format", "concise", *PATHS], cwd=ROOT, capture_output=True, text=True
+    )
     assert out.returncode == 0, f"ruff check:\n{out.stdout}{out.stderr}"

@@ -11,21 +11,22 @@ from clawd.templates import TRANSCRIPT_EXAMPLE, TRANSCRIPT_PREAMBLE, JinjaFormat
 
 
 def msgs(*pairs) -> list[Message]:
-    return [Message.model_validate(p) if isinstance(p, dict) else Message(role=p[0], content=p[1])
-            for p in pairs]
+    return [Message.model_validate(p) if isinstance(p, dict) else Message(role=p[0], content=p[1]) for p in pairs]
 
 
 # --- transcript format (base models) ----------------------------------------------------
 
 
 def test_transcript_renders_every_role():
-    r = TranscriptFormat().render(msgs(
-        ("system", "  Be brief. "),
-        ("user", "What is 2+2?"),
-        ("assistant", "4"),
-        ("tool", "{\"ok\": true}"),
-        ("user", " Thanks "),
-    ))
+    r = TranscriptFormat().render(
+        msgs(
+            ("system", "  Be brief. "),
+            ("user", "What is 2+2?"),
+            ("assistant", "4"),
+            ("tool", '{"ok": true}'),
+            ("user", " Thanks "),
+        )
+    )
     assert r.prompt == (
         "Be brief.\n"
         "\n"
@@ -56,21 +57,39 @@ def test_transcript_developer_is_system():
 
 
 def test_transcript_content_parts():
-    r = TranscriptFormat().render(msgs({
-        "role": "user",
-        "content": [{"type": "text", "text": "Hello "}, {"type": "image_url", "image_url": {"url": "x"}},
-                    {"type": "text", "text": "world"}],
-    }))
+    r = TranscriptFormat().render(
+        msgs(
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": "Hello "},
+                    {"type": "image_url", "image_url": {"url": "x"}},
+                    {"type": "text", "text": "world"},
+                ],
+            }
+        )
+    )
     assert "User: Hello world\nAssistant:" in r.prompt
 
 
 def test_transcript_assistant_tool_call_without_content():
-    r = TranscriptFormat().render(msgs(
-        ("user", "weather?"),
-        {"role": "assistant", "content": None, "tool_calls": [
-            {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\":\"Oslo\"}"}}]},
-        {"role": "tool", "tool_call_id": "call_1", "content": "rain"},
-    ))
+    r = TranscriptFormat().render(
+        msgs(
+            ("user", "weather?"),
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": "call_1",
+                        "type": "function",
+                        "function": {"name": "get_weather", "arguments": '{"city":"Oslo"}'},
+                    }
+                ],
+            },
+            {"role": "tool", "tool_call_id": "call_1", "content": "rain"},
+        )
+    )
     assert 'Assistant: [{"name": "get_weather", "arguments": "{\\"city\\":\\"Oslo\\"}"}]' in r.prompt
     assert r.prompt.endswith("Tool result: rain\nAssistant:")
 
@@ -94,7 +113,7 @@ CHATML = (
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
-CHATML_NO_BOS = CHATML[len("{{ bos_token }}"):]
+CHATML_NO_BOS = CHATML[len("{{ bos_token }}") :]
 
 
 def chatml(template: str = CHATML) -> JinjaFormat:
@@ -102,8 +121,7 @@ def chatml(template: str = CHATML) -> JinjaFormat:
 
 
 def test_jinja_renders_chatml():
-    r = chatml().render(msgs(("system", "Be brief."), ("user", "hi"), ("assistant", "hello"),
-                             ("user", "bye")))
+    r = chatml().render(msgs(("system", "Be brief."), ("user", "hi"), ("assistant", "hello"), ("user", "bye")))
     assert r.prompt == (
         "<s><|im_start|>system\nBe brief.<|im_end|>\n"
         "<|im_start|>user\nhi<|im_end|>\n"
@@ -121,30 +139,42 @@ def test_jinja_bos_not_added_twice():
 
 
 def test_jinja_developer_becomes_system_and_parts_become_text():
-    r = chatml(CHATML_NO_BOS).render(msgs(
-        ("developer", "Rules."),
-        {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
-    ))
-    assert r.prompt == ("<|im_start|>system\nRules.<|im_end|>\n"
-                        "<|im_start|>user\nab<|im_end|>\n<|im_start|>assistant\n")
+    r = chatml(CHATML_NO_BOS).render(
+        msgs(
+            ("developer", "Rules."),
+            {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
+        )
+    )
+    assert r.prompt == ("<|im_start|>system\nRules.<|im_end|>\n<|im_start|>user\nab<|im_end|>\n<|im_start|>assistant\n")
 
 
 def test_jinja_tool_call_arguments_are_parsed_for_the_template():
-    tpl = ("{% for m in messages %}{% if m.tool_calls %}"
-           "{% for c in m.tool_calls %}{{ c.function.name }}:{{ c.function.arguments.city }}|"
-           "{{ c.function.arguments | tojson }}{% endfor %}{% endif %}{% endfor %}")
-    r = JinjaFormat(tpl, "", "").render(msgs(
-        ("user", "w?"),
-        {"role": "assistant", "content": None, "tool_calls": [
-            {"id": "call_1", "type": "function", "function": {"name": "wx", "arguments": "{\"city\":\"Oslo\"}"}}]},
-        {"role": "tool", "tool_call_id": "call_1", "content": "rain"},
-    ))
+    tpl = (
+        "{% for m in messages %}{% if m.tool_calls %}"
+        "{% for c in m.tool_calls %}{{ c.function.name }}:{{ c.function.arguments.city }}|"
+        "{{ c.function.arguments | tojson }}{% endfor %}{% endif %}{% endfor %}"
+    )
+    r = JinjaFormat(tpl, "", "").render(
+        msgs(
+            ("user", "w?"),
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {"id": "call_1", "type": "function", "function": {"name": "wx", "arguments": '{"city":"Oslo"}'}}
+                ],
+            },
+            {"role": "tool", "tool_call_id": "call_1", "content": "rain"},
+        )
+    )
     assert r.prompt == 'wx:Oslo|{"city": "Oslo"}'
 
 
 def test_jinja_raise_exception_is_invalid_request():
-    strict = ("{% for m in messages %}{% if m.role == 'system' %}"
-              "{{ raise_exception('System role not supported') }}{% endif %}{{ m.content }}{% endfor %}")
+    strict = (
+        "{% for m in messages %}{% if m.role == 'system' %}"
+        "{{ raise_exception('System role not supported') }}{% endif %}{{ m.content }}{% endfor %}"
+    )
     with pytest.raises(InvalidRequest) as ei:
         JinjaFormat(strict, "", "").render(msgs(("system", "x"), ("user", "hi")))
     assert ei.value.status == 400
@@ -158,12 +188,15 @@ def test_jinja_runtime_template_error_is_invalid_request():
     assert ei.value.status == 400
 
 
-@pytest.mark.parametrize("template, cause", [
-    ("{{ messages | items | list }}", TypeError),  # the filter raises a plain TypeError on a list
-    ("{% for m in messages %}{{ 1 + m.content }}{% endfor %}", TypeError),  # int + str
-    ("{{ messages[0].content | sum }}", TypeError),
-    ("{% for i in range(0, messages | length, 0) %}{{ i }}{% endfor %}", ValueError),
-])
+@pytest.mark.parametrize(
+    "template, cause",
+    [
+        ("{{ messages | items | list }}", TypeError),  # the filter raises a plain TypeError on a list
+        ("{% for m in messages %}{{ 1 + m.content }}{% endfor %}", TypeError),  # int + str
+        ("{{ messages[0].content | sum }}", TypeError),
+        ("{% for i in range(0, messages | length, 0) %}{{ i }}{% endfor %}", ValueError),
+    ],
+)
 def test_jinja_plain_errors_on_the_messages_are_invalid_request(template, cause):
     """Filters and operators raise plain Python errors, not jinja2.TemplateError: still the
     client's 400, never a crash (500)."""
@@ -182,13 +215,16 @@ def test_unparseable_template_is_config_error():
 # --- choosing -----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("setting,template,expected", [
-    ("auto", None, TranscriptFormat),
-    ("auto", "", TranscriptFormat),
-    ("auto", CHATML, JinjaFormat),
-    ("transcript", CHATML, TranscriptFormat),
-    ("template", CHATML, JinjaFormat),
-])
+@pytest.mark.parametrize(
+    "setting,template,expected",
+    [
+        ("auto", None, TranscriptFormat),
+        ("auto", "", TranscriptFormat),
+        ("auto", CHATML, JinjaFormat),
+        ("transcript", CHATML, TranscriptFormat),
+        ("template", CHATML, JinjaFormat),
+    ],
+)
 def test_choose_format(setting, template, expected):
     fmt = choose_format(setting, template, "<s>", "</s>", True)
     assert isinstance(fmt, expected)

@@ -25,8 +25,15 @@ from clawd.training.weights import load_model  # noqa: E402
 from tests.test_training_weights import mlx_logprobs, random_ids, tiny, tiny_dir  # noqa: E402,F401
 from tests.tiny_models import build_tiny_gguf, build_tiny_lora  # noqa: E402
 
-KEYS = ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
-        "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"]
+KEYS = [
+    "self_attn.q_proj",
+    "self_attn.k_proj",
+    "self_attn.v_proj",
+    "self_attn.o_proj",
+    "mlp.gate_proj",
+    "mlp.up_proj",
+    "mlp.down_proj",
+]
 RANK, SCALE = 4, 2.0
 
 
@@ -40,8 +47,11 @@ def lora_model(path: Path, *, keys=KEYS, num_layers: int | None = None, seed: in
     n = len(lm.model.layers) if num_layers is None else num_layers
     linear_to_lora_layers(lm.model, n, {"rank": RANK, "scale": SCALE, "dropout": 0.0, "keys": keys})
     rng = np.random.default_rng(seed)
-    update = {k: mx.array((0.5 * rng.standard_normal(v.shape) / np.sqrt(RANK)).astype(np.float32))
-              for k, v in tree_flatten(lm.model.trainable_parameters()) if k.endswith("lora_b")}
+    update = {
+        k: mx.array((0.5 * rng.standard_normal(v.shape) / np.sqrt(RANK)).astype(np.float32))
+        for k, v in tree_flatten(lm.model.trainable_parameters())
+        if k.endswith("lora_b")
+    }
     lm.model.load_weights(list(update.items()), strict=False)
     return lm, n
 
@@ -233,25 +243,59 @@ def test_check_gguf_lora_names_each_mismatch(tiny_dir, tmp_path):
     cases = {
         # adapter, base -> fragments every problem sentence must contain, one per problem
         "arch": (good, qwen, [["architecture mismatch", "'llama'", "'qwen2'"]]),
-        "missing base tensor": (good, one_layer, [["blk.1.attn_q.weight", "no such tensor"],
-                                                  ["blk.1.ffn_down.weight", "no such tensor"]]),
-        "sizes": (good, small, [[f"blk.{i}.attn_q.weight", "A (4, 64)", "B (64, 4)", "tensor (32, 32)"] for i in (0, 1)]
-                  + [[f"blk.{i}.ffn_down.weight", "A (4, 128)", "B (64, 4)", "tensor (32, 64)"] for i in (0, 1)]),
-        "missing half": (write_lora(bad / "half.gguf", "llama", {"blk.0.attn_q.weight.lora_a": a}), llama,
-                         [["blk.0.attn_q.weight has lora_a but no lora_b"]]),
-        "rank": (write_lora(bad / "rank.gguf", "llama", {"blk.0.attn_q.weight.lora_a": a,
-                                                         "blk.0.attn_q.weight.lora_b": np.ones((64, 3))}), llama,
-                 [["blk.0.attn_q.weight", "rank disagreement", "4", "3"]]),
-        "odd tensor": (write_lora(bad / "odd.gguf", "llama", {"blk.0.attn_q.weight.lora_a": a,
-                                                              "blk.0.attn_q.weight.lora_b": b,
-                                                              "blk.0.attn_q.weight": b}), llama,
-                       [["blk.0.attn_q.weight is neither"]]),
-        "no alpha": (write_lora(bad / "alpha.gguf", "llama", {"blk.0.attn_q.weight.lora_a": a,
-                                                              "blk.0.attn_q.weight.lora_b": b}, alpha=None), llama,
-                     [["adapter.lora.alpha is missing"]]),
-        "a model, not an adapter": (qwen, qwen, [["not an adapter", "general.type is missing"],
-                                                 ["not a LoRA adapter", "adapter.type is missing"],
-                                                 ["no LoRA tensors"]]),
+        "missing base tensor": (
+            good,
+            one_layer,
+            [["blk.1.attn_q.weight", "no such tensor"], ["blk.1.ffn_down.weight", "no such tensor"]],
+        ),
+        "sizes": (
+            good,
+            small,
+            [[f"blk.{i}.attn_q.weight", "A (4, 64)", "B (64, 4)", "tensor (32, 32)"] for i in (0, 1)]
+            + [[f"blk.{i}.ffn_down.weight", "A (4, 128)", "B (64, 4)", "tensor (32, 64)"] for i in (0, 1)],
+        ),
+        "missing half": (
+            write_lora(bad / "half.gguf", "llama", {"blk.0.attn_q.weight.lora_a": a}),
+            llama,
+            [["blk.0.attn_q.weight has lora_a but no lora_b"]],
+        ),
+        "rank": (
+            write_lora(
+                bad / "rank.gguf",
+                "llama",
+                {"blk.0.attn_q.weight.lora_a": a, "blk.0.attn_q.weight.lora_b": np.ones((64, 3))},
+            ),
+            llama,
+            [["blk.0.attn_q.weight", "rank disagreement", "4", "3"]],
+        ),
+        "odd tensor": (
+            write_lora(
+                bad / "odd.gguf",
+                "llama",
+                {"blk.0.attn_q.weight.lora_a": a, "blk.0.attn_q.weight.lora_b": b, "blk.0.attn_q.weight": b},
+            ),
+            llama,
+            [["blk.0.attn_q.weight is neither"]],
+        ),
+        "no alpha": (
+            write_lora(
+                bad / "alpha.gguf",
+                "llama",
+                {"blk.0.attn_q.weight.lora_a": a, "blk.0.attn_q.weight.lora_b": b},
+                alpha=None,
+            ),
+            llama,
+            [["adapter.lora.alpha is missing"]],
+        ),
+        "a model, not an adapter": (
+            qwen,
+            qwen,
+            [
+                ["not an adapter", "general.type is missing"],
+                ["not a LoRA adapter", "adapter.type is missing"],
+                ["no LoRA tensors"],
+            ],
+        ),
     }
     for what, (adapter, base, wanted) in cases.items():
         problems = check_gguf_lora(adapter, base)
@@ -291,9 +335,11 @@ def test_checking_an_adapter_does_not_load_mlx(tiny_dir, tiny_mlx_dirs, tmp_path
     lora = build_tiny_lora(tmp_path / "ok.gguf", base)
     q4 = tiny_mlx_dirs["dir-q4"]
     mlx_lora = build_tiny_mlx_adapter(tmp_path / "mlx-lora", q4)
-    mods = loaded_after(f"from clawd.training.export import check_gguf_lora, check_mlx_lora\n"
-                        f"assert check_gguf_lora({str(lora)!r}, {str(base)!r}) == []\n"
-                        f"assert check_mlx_lora({str(mlx_lora)!r}, {str(q4)!r}) == []")
+    mods = loaded_after(
+        f"from clawd.training.export import check_gguf_lora, check_mlx_lora\n"
+        f"assert check_gguf_lora({str(lora)!r}, {str(base)!r}) == []\n"
+        f"assert check_mlx_lora({str(mlx_lora)!r}, {str(q4)!r}) == []"
+    )
     assert mods.isdisjoint({"mlx", "mlx_lm", "llama_cpp"}), mods & {"mlx", "mlx_lm", "llama_cpp"}
 
 

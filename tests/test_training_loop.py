@@ -26,9 +26,16 @@ from tests.conftest import TRAIN_ENV, ServeProcess, start_daemon
 
 def chat(d, text: str, seed: int = 0) -> dict:
     with d.client() as c:
-        r = c.post("/v1/chat/completions", json={
-            "model": d.state.model.model_id, "messages": [{"role": "user", "content": text}],
-            "max_tokens": 12, "temperature": 0.8, "seed": seed})
+        r = c.post(
+            "/v1/chat/completions",
+            json={
+                "model": d.state.model.model_id,
+                "messages": [{"role": "user", "content": text}],
+                "max_tokens": 12,
+                "temperature": 0.8,
+                "seed": seed,
+            },
+        )
         assert r.status_code == 200, r.text
         return r.json()
 
@@ -86,8 +93,14 @@ def base_logprobs(d, prompt, target, adapter=None) -> np.ndarray:
 def served_logprobs(d, adapter: str = "active") -> np.ndarray:
     """The served model's log-probs of a fixed reply (fresh cache: exact reruns)."""
     with d.client() as c:
-        r = c.post("/clawd/score", json={"messages": [{"role": "user", "content": "question number 1?"}],
-                                         "completion": "an answer", "adapter": adapter})
+        r = c.post(
+            "/clawd/score",
+            json={
+                "messages": [{"role": "user", "content": "question number 1?"}],
+                "completion": "an answer",
+                "adapter": adapter,
+            },
+        )
     assert r.status_code == 200, r.text
     return np.array(r.json()["logprobs"])
 
@@ -102,8 +115,9 @@ LOOP_BASES = {"gguf": {"adapter.gguf"}, "gguf-mlx": {"adapter.gguf"}, "dir": set
 LOOP_FAST = {"gguf", "dir-q4"}
 
 
-@pytest.mark.parametrize("train_base", [b if b in LOOP_FAST else pytest.param(b, marks=pytest.mark.slow)
-                                        for b in LOOP_BASES])
+@pytest.mark.parametrize(
+    "train_base", [b if b in LOOP_FAST else pytest.param(b, marks=pytest.mark.slow) for b in LOOP_BASES]
+)
 def test_train_promote_serve_and_rollback(train_daemon, train_base):
     d = train_daemon
     engine = d.state.model.runner.engine
@@ -431,8 +445,15 @@ def test_scheduled_trigger_trains_only_when_signals_wait(train_daemon, monkeypat
 
 
 def score(url: str, adapter: str) -> list[float]:
-    r = httpx.post(url + "/clawd/score", timeout=30, json={
-        "messages": [{"role": "user", "content": "question number 1?"}], "completion": "an answer", "adapter": adapter})
+    r = httpx.post(
+        url + "/clawd/score",
+        timeout=30,
+        json={
+            "messages": [{"role": "user", "content": "question number 1?"}],
+            "completion": "an answer",
+            "adapter": adapter,
+        },
+    )
     assert r.status_code == 200, r.text
     return r.json()["logprobs"]
 

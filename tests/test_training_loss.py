@@ -83,14 +83,18 @@ def reference_loss(lp_new, lp_old, reward, top_new, top_old, top_teacher, has_hi
         return sum(xs) / len(xs) if xs else 0.0
 
     return mean(per_sample), {
-        "rl": mean(rl_terms), "opd": mean(opd_terms),
+        "rl": mean(rl_terms),
+        "opd": mean(opd_terms),
         "rl_clip_frac": rl_clipped / len(ratios) if ratios else 0.0,
         "opd_clip_frac": opd_clipped / opd_pairs if opd_pairs else 0.0,
-        "reward_mean": mean(rewards), "ratio_mean": mean(ratios), "n_samples": len(per_sample),
+        "reward_mean": mean(rewards),
+        "ratio_mean": mean(ratios),
+        "n_samples": len(per_sample),
     }
 
 
 # ---------------------------------------------------------------- helpers
+
 
 def random_batch(rng, B=6, T=9, K=4, spread=0.3):
     """Float32-representable inputs (the reference sees exactly what MLX sees)."""
@@ -129,6 +133,7 @@ def assert_matches(batch, w_rl=1.0, w_opd=1.0, metrics=True):
 
 
 # ---------------------------------------------------------------- loss vs reference
+
 
 def test_constants_are_methods():
     w = LossWeights()
@@ -180,9 +185,14 @@ def test_padding_is_ignored_even_if_garbage():
     dirty["top_new"][pad], dirty["top_old"][pad], dirty["top_teacher"][pad] = -np.inf, np.nan, np.inf
     got, _ = run_mlx(dirty)
     assert got == pytest.approx(want, rel=1e-5)
-    g = mx.grad(lambda x: hybrid_loss(x, *[mx.array(dirty[k].astype(np.float32)) for k in (
-        "lp_old", "reward", "top_new", "top_old", "top_teacher")], mx.array(dirty["has_hint"]),
-        mx.array(dirty["mask"].astype(np.float32)))[0])(mx.array(dirty["lp_new"].astype(np.float32)))
+    g = mx.grad(
+        lambda x: hybrid_loss(
+            x,
+            *[mx.array(dirty[k].astype(np.float32)) for k in ("lp_old", "reward", "top_new", "top_old", "top_teacher")],
+            mx.array(dirty["has_hint"]),
+            mx.array(dirty["mask"].astype(np.float32)),
+        )[0]
+    )(mx.array(dirty["lp_new"].astype(np.float32)))
     g = np.array(g)
     assert np.isfinite(g).all() and (g[pad] == 0).all()
 
@@ -207,9 +217,14 @@ def boundary_batch(ratios, rewards, K=4):
     top_old = np.tile(np.log([0.4, 0.3, 0.2, 0.05]), (n, 1, 1))
     f32 = lambda x: np.asarray(x, np.float32).astype(np.float64)  # noqa: E731
     return dict(
-        lp_new=f32(lp_old + np.log(ratios)[:, None]), lp_old=f32(lp_old), reward=np.asarray(rewards, float),
-        top_new=f32(top_old + np.log(ratios)[:, None, None]), top_old=f32(top_old),
-        top_teacher=f32(top_old + teacher_minus_old), has_hint=np.ones(n, bool), mask=np.ones((n, 1)),
+        lp_new=f32(lp_old + np.log(ratios)[:, None]),
+        lp_old=f32(lp_old),
+        reward=np.asarray(rewards, float),
+        top_new=f32(top_old + np.log(ratios)[:, None, None]),
+        top_old=f32(top_old),
+        top_teacher=f32(top_old + teacher_minus_old),
+        has_hint=np.ones(n, bool),
+        mask=np.ones((n, 1)),
     )
 
 
@@ -249,10 +264,13 @@ def test_loss_gradient_matches_reference_differences():
     rng = np.random.default_rng(4)
     b = random_batch(rng, B=4, T=3, K=3)
     b["reward"], b["has_hint"] = np.array([1.0, -1.0, 0.0, 1.0]), np.array([True, False, True, True])
-    rest = {k: mx.array(b[k].astype(np.float32) if b[k].dtype == np.float64 else b[k])
-            for k in ("lp_old", "reward", "top_old", "top_teacher", "has_hint", "mask")}
+    rest = {
+        k: mx.array(b[k].astype(np.float32) if b[k].dtype == np.float64 else b[k])
+        for k in ("lp_old", "reward", "top_old", "top_teacher", "has_hint", "mask")
+    }
     g_lp, g_top = mx.grad(lambda lp, top: hybrid_loss(lp, top_new=top, **rest)[0], argnums=(0, 1))(
-        mx.array(b["lp_new"].astype(np.float32)), mx.array(b["top_new"].astype(np.float32)))
+        mx.array(b["lp_new"].astype(np.float32)), mx.array(b["top_new"].astype(np.float32))
+    )
     h = 1e-6
     for name, g in (("lp_new", np.array(g_lp)), ("top_new", np.array(g_top))):
         for idx in np.ndindex(b[name].shape):
@@ -264,6 +282,7 @@ def test_loss_gradient_matches_reference_differences():
 
 
 # ---------------------------------------------------------------- gathering from a model
+
 
 def full_logsoftmax(lm, ids):
     logits = lm.model(ids[None])[0].astype(mx.float32)
@@ -282,7 +301,7 @@ def test_response_logprobs_positions(lm):
     ids = mx.array(tokens, dtype=mx.int32)
     full = full_logsoftmax(lm, ids)
     gather = np.concatenate([tokens[n_prompt:, None], rng.integers(0, 100, (n_resp, 3))], axis=1)
-    want = np.take_along_axis(full[n_prompt - 1:-1], gather, axis=1)
+    want = np.take_along_axis(full[n_prompt - 1 : -1], gather, axis=1)
     for chunk in (1, 3, 7, 64):
         got = np.array(response_logprobs(lm, ids, n_prompt, mx.array(gather), chunk=chunk))
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, err_msg=f"chunk={chunk}")
@@ -296,7 +315,7 @@ def test_topk_logprobs(lm):
     rng = np.random.default_rng(6)
     n_prompt, n_resp, k = 4, 9, 4
     ids = mx.array(rng.integers(0, 100, n_prompt + n_resp), dtype=mx.int32)
-    full = full_logsoftmax(lm, ids)[n_prompt - 1:-1]
+    full = full_logsoftmax(lm, ids)[n_prompt - 1 : -1]
     want_ids = np.argsort(-full, axis=1)[:, :k]
     for chunk in (2, 64):
         top_ids, top_lp = topk_logprobs(lm, ids, n_prompt, k, chunk=chunk)
@@ -310,7 +329,9 @@ def test_checkpointed_gradient_equals_plain(lm):
     gather = mx.array(np.arange(8 * 2).reshape(8, 2) % 100, dtype=mx.int32)
     grads = []
     for ckpt in (False, True):
-        f = nn.value_and_grad(lm.model, lambda _m: response_logprobs(lm, ids, 4, gather, chunk=3, checkpoint=ckpt).sum())
+        f = nn.value_and_grad(
+            lm.model, lambda _m: response_logprobs(lm, ids, 4, gather, chunk=3, checkpoint=ckpt).sum()
+        )
         _, g = f(lm.model)
         grads.append(dict(tree_flatten(g)))
     for name in grads[0]:
@@ -318,6 +339,7 @@ def test_checkpointed_gradient_equals_plain(lm):
 
 
 # ---------------------------------------------------------------- the full pipeline
+
 
 def pipeline(lm, seqs, n_prompt, k=4, seed=0):
     """Per sample: ids (n, 1+k) = sampled + top-k of π_old, old log-probs, a synthetic teacher."""
@@ -340,8 +362,10 @@ def batch_loss(lm, prepared, n_prompt, reward, has_hint, weights=LossWeights()):
     for ids, gather, old, tch in prepared:
         lp = response_logprobs(lm, ids, n_prompt, gather, chunk=4)
         n = lp.shape[0]
-        pad = lambda x: mx.pad(mx.array(x) if isinstance(x, np.ndarray) else x,  # noqa: E731
-                               [(0, T - n)] + [(0, 0)] * (x.ndim - 1))
+        pad = lambda x: mx.pad(  # noqa: E731
+            mx.array(x) if isinstance(x, np.ndarray) else x,
+            [(0, T - n)] + [(0, 0)] * (x.ndim - 1),
+        )
         lp_new.append(pad(lp[:, 0]))
         top_new.append(pad(lp[:, 1:]))
         lp_old.append(pad(old[:, 0]))
@@ -349,16 +373,18 @@ def batch_loss(lm, prepared, n_prompt, reward, has_hint, weights=LossWeights()):
         teacher.append(pad(tch))
         mask.append(mx.arange(T) < n)
     s = mx.stack
-    return hybrid_loss(s(lp_new), s(lp_old), mx.array(reward), s(top_new), s(top_old), s(teacher),
-                       mx.array(has_hint), s(mask), weights)
+    return hybrid_loss(
+        s(lp_new), s(lp_old), mx.array(reward), s(top_new), s(top_old), s(teacher), mx.array(has_hint), s(mask), weights
+    )
 
 
 def perturb(lm, seed, std):
     """Move the LoRA away from π_old so ρ ≠ 1 (some tokens beyond the clip edges)."""
     mx.random.seed(seed)
     params = lora_params(lm)
-    lm.model.update(tree_unflatten([(k, v + (std * mx.random.normal(v.shape)).astype(v.dtype))
-                                    for k, v in params.items()]))
+    lm.model.update(
+        tree_unflatten([(k, v + (std * mx.random.normal(v.shape)).astype(v.dtype)) for k, v in params.items()])
+    )
 
 
 def test_pipeline_gradient_matches_finite_differences():
@@ -409,8 +435,9 @@ def test_pipeline_gradient_matches_finite_differences():
 def test_no_signal_means_zero_gradient(lm):
     n_prompt = 4
     prepared = pipeline(lm, [np.arange(10, 20)], n_prompt)  # π_θ = π_old: ρ ≡ 1
-    (loss, metrics), grads = nn.value_and_grad(
-        lm.model, lambda _m: batch_loss(lm, prepared, n_prompt, [0.0], [False]))(lm.model)
+    (loss, metrics), grads = nn.value_and_grad(lm.model, lambda _m: batch_loss(lm, prepared, n_prompt, [0.0], [False]))(
+        lm.model
+    )
     assert float(loss) == 0.0 and int(metrics["n_samples"]) == 0
     assert all(float(mx.abs(g).max()) == 0.0 for _, g in tree_flatten(grads))
 
@@ -421,8 +448,9 @@ def test_rl_step_moves_sampled_tokens_by_reward_sign(lm, r):
     saved = lora_params(lm)
     prepared = pipeline(lm, [np.arange(30, 42)], n_prompt)
     ids, gather, old, _ = prepared[0]
-    (_, metrics), grads = nn.value_and_grad(
-        lm.model, lambda _m: batch_loss(lm, prepared, n_prompt, [r], [False]))(lm.model)
+    (_, metrics), grads = nn.value_and_grad(lm.model, lambda _m: batch_loss(lm, prepared, n_prompt, [r], [False]))(
+        lm.model
+    )
     assert float(metrics["ratio_mean"]) == pytest.approx(1.0, abs=1e-5)
     lm.model.update(tree_unflatten([(k, saved[k] - 0.05 * g) for k, g in tree_flatten(grads)]))
     after = np.array(response_logprobs(lm, ids, n_prompt, gather[:, :1]))[:, 0]

@@ -49,8 +49,11 @@ def test_a_stopped_job_is_dropped_when_settings_or_the_served_weights_changed(tr
         sched.settings = dataclasses.replace(sched.settings, learning_rate=sched.settings.learning_rate / 2)
     else:  # same model name, other weights (model.path moved): the checkpoint trained those
         job_file = sched.jobs_dir / first / "job.json"
-        job_file.write_text(job_file.read_text().replace(json.dumps(str(d.state.model.runner.engine.info.path)),
-                                                         json.dumps("/elsewhere/model.gguf")))
+        job_file.write_text(
+            job_file.read_text().replace(
+                json.dumps(str(d.state.model.runner.engine.info.path)), json.dumps("/elsewhere/model.gguf")
+            )
+        )
         assert "/elsewhere/model.gguf" in job_file.read_text()
     second = training(d, "POST")["job_id"]
     assert second != first and not (sched.jobs_dir / first).exists()

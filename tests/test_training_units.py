@@ -22,11 +22,18 @@ from clawd.store import adapters as rows
 from clawd.store.db import Database
 
 
-@pytest.mark.parametrize("window,hhmm,inside", [
-    ("01:00-06:00", "03:00", True), ("01:00-06:00", "06:00", False), ("01:00-06:00", "00:59", False),
-    ("22:30-05:00", "23:00", True), ("22:30-05:00", "04:59", True), ("22:30-05:00", "12:00", False),
-    ("", "03:00", False),
-])
+@pytest.mark.parametrize(
+    "window,hhmm,inside",
+    [
+        ("01:00-06:00", "03:00", True),
+        ("01:00-06:00", "06:00", False),
+        ("01:00-06:00", "00:59", False),
+        ("22:30-05:00", "23:00", True),
+        ("22:30-05:00", "04:59", True),
+        ("22:30-05:00", "12:00", False),
+        ("", "03:00", False),
+    ],
+)
 def test_window(window, hhmm, inside):
     assert in_window(window, datetime.strptime(f"2026-12-02 {hhmm}", "%Y-%m-%d %H:%M")) is inside
 
@@ -72,8 +79,9 @@ async def test_at_most_one_active_adapter_and_rollback_target(tmp_path):
     db = await Database.open(tmp_path / "c.db")
     try:
         for i in range(3):
-            await rows.insert(db, rows.AdapterRecord(id=f"a{i}", path=str(tmp_path / f"a{i}"), model="m",
-                                                     signals=[f"t{i}"]))
+            await rows.insert(
+                db, rows.AdapterRecord(id=f"a{i}", path=str(tmp_path / f"a{i}"), model="m", signals=[f"t{i}"])
+            )
         await rows.activate(db, "a0", previous_id=None)
         await rows.activate(db, "a1", previous_id="a0", note="replaced by a1")
         assert (await rows.active(db)).id == "a1"
@@ -94,23 +102,64 @@ async def test_at_most_one_active_adapter_and_rollback_target(tmp_path):
 
 # --- trainer reporting, checkpoints, stops, job eligibility, weight cache ----------------------
 
+
 def test_step_metrics_pool_each_term_over_the_samples_that_have_it():
     from clawd.training.run import step_metrics
 
     # An RL-only sample (no hint -> opd 0, opd_clip_frac 0) and an OPD-only one (r = 0): each
     # term is that one sample's value, not half of it; token-pooled metrics weigh by tokens.
-    rl_only = ({"loss": 0.4, "rl": 0.4, "opd": 0.0, "reward_mean": 1.0, "ratio_mean": 1.2,
-                "rl_clip_frac": 0.5, "opd_clip_frac": 0.0, "n_samples": 1.0},
-               {"rl": 1, "reward_mean": 1, "ratio_mean": 4, "rl_clip_frac": 4, "opd": 0, "opd_clip_frac": 0})
-    opd_only = ({"loss": 0.1, "rl": 0.0, "opd": 0.1, "reward_mean": 0.0, "ratio_mean": 0.0,
-                 "rl_clip_frac": 0.0, "opd_clip_frac": 0.25, "n_samples": 1.0},
-                {"rl": 0, "reward_mean": 0, "ratio_mean": 0, "rl_clip_frac": 0, "opd": 1, "opd_clip_frac": 12})
-    rl_short = ({"loss": -0.2, "rl": -0.2, "opd": 0.0, "reward_mean": -1.0, "ratio_mean": 0.9,
-                 "rl_clip_frac": 0.0, "opd_clip_frac": 0.0, "n_samples": 1.0},
-                {"rl": 1, "reward_mean": 1, "ratio_mean": 2, "rl_clip_frac": 2, "opd": 0, "opd_clip_frac": 0})
-    none = ({"loss": 0.0, "rl": 0.0, "opd": 0.0, "reward_mean": 0.0, "ratio_mean": 0.0,
-             "rl_clip_frac": 0.0, "opd_clip_frac": 0.0, "n_samples": 0.0},  # a weight-0 ablation emptied it
-            {"rl": 0, "reward_mean": 0, "ratio_mean": 0, "rl_clip_frac": 0, "opd": 0, "opd_clip_frac": 0})
+    rl_only = (
+        {
+            "loss": 0.4,
+            "rl": 0.4,
+            "opd": 0.0,
+            "reward_mean": 1.0,
+            "ratio_mean": 1.2,
+            "rl_clip_frac": 0.5,
+            "opd_clip_frac": 0.0,
+            "n_samples": 1.0,
+        },
+        {"rl": 1, "reward_mean": 1, "ratio_mean": 4, "rl_clip_frac": 4, "opd": 0, "opd_clip_frac": 0},
+    )
+    opd_only = (
+        {
+            "loss": 0.1,
+            "rl": 0.0,
+            "opd": 0.1,
+            "reward_mean": 0.0,
+            "ratio_mean": 0.0,
+            "rl_clip_frac": 0.0,
+            "opd_clip_frac": 0.25,
+            "n_samples": 1.0,
+        },
+        {"rl": 0, "reward_mean": 0, "ratio_mean": 0, "rl_clip_frac": 0, "opd": 1, "opd_clip_frac": 12},
+    )
+    rl_short = (
+        {
+            "loss": -0.2,
+            "rl": -0.2,
+            "opd": 0.0,
+            "reward_mean": -1.0,
+            "ratio_mean": 0.9,
+            "rl_clip_frac": 0.0,
+            "opd_clip_frac": 0.0,
+            "n_samples": 1.0,
+        },
+        {"rl": 1, "reward_mean": 1, "ratio_mean": 2, "rl_clip_frac": 2, "opd": 0, "opd_clip_frac": 0},
+    )
+    none = (
+        {
+            "loss": 0.0,
+            "rl": 0.0,
+            "opd": 0.0,
+            "reward_mean": 0.0,
+            "ratio_mean": 0.0,
+            "rl_clip_frac": 0.0,
+            "opd_clip_frac": 0.0,
+            "n_samples": 0.0,
+        },  # a weight-0 ablation emptied it
+        {"rl": 0, "reward_mean": 0, "ratio_mean": 0, "rl_clip_frac": 0, "opd": 0, "opd_clip_frac": 0},
+    )
     m = step_metrics([rl_only, opd_only, rl_short, none])
     assert m["opd"] == pytest.approx(0.1) and m["opd_clip_frac"] == pytest.approx(0.25)
     assert m["rl"] == pytest.approx(0.1) and m["reward_mean"] == pytest.approx(0.0)
@@ -131,8 +180,12 @@ def test_step_metrics_match_the_loss_on_the_whole_batch():
 
     rng = np.random.default_rng(0)
     k, lens = 4, [5, 3, 7, 4]
-    samples = [Sample("a", [1], [2] * lens[0], 1, None), Sample("b", [1], [2] * lens[1], 0, [1, 3]),
-               Sample("c", [1], [2] * lens[2], -1, [1, 3]), Sample("d", [1], [2] * lens[3], 1, None)]
+    samples = [
+        Sample("a", [1], [2] * lens[0], 1, None),
+        Sample("b", [1], [2] * lens[1], 0, [1, 3]),
+        Sample("c", [1], [2] * lens[2], -1, [1, 3]),
+        Sample("d", [1], [2] * lens[3], 1, None),
+    ]
     T = max(lens)
     lp_old = rng.normal(-2, 0.5, (4, T))
     lp_new = lp_old + rng.normal(0, 0.4, (4, T))
@@ -143,20 +196,41 @@ def test_step_metrics_match_the_loss_on_the_whole_batch():
     reward = np.array([s.reward for s in samples], np.float32)
     hint = np.array([s.teacher_prompt_ids is not None for s in samples])
     for w in (LossWeights(), LossWeights(rl=0.0), LossWeights(opd=0.0)):
+
         def call(rows):
             a = lambda x: mx.array(x[rows].astype(np.float32))  # noqa: E731
-            loss, m = hybrid_loss(a(lp_new), a(lp_old), mx.array(reward[rows]), a(top_new), a(top_old),
-                                  a(teacher), mx.array(hint[rows]), mx.array(mask[rows]), w)
+            loss, m = hybrid_loss(
+                a(lp_new),
+                a(lp_old),
+                mx.array(reward[rows]),
+                a(top_new),
+                a(top_old),
+                a(teacher),
+                mx.array(hint[rows]),
+                mx.array(mask[rows]),
+                w,
+            )
             return {"loss": float(loss), **{key: float(v) for key, v in m.items()}}
+
         per_sample = []
         for i, s in enumerate(samples):
             n = lens[i]
-            one = lambda x: x[i:i + 1, :n]  # noqa: E731
+            one = lambda x: x[i : i + 1, :n]  # noqa: E731
             a = lambda x: mx.array(one(x).astype(np.float32))  # noqa: E731
-            loss, m = hybrid_loss(a(lp_new), a(lp_old), mx.array(reward[i:i + 1]), a(top_new), a(top_old),
-                                  a(teacher), mx.array(hint[i:i + 1]), mx.ones((1, n)), w)
-            per_sample.append(({"loss": float(loss), **{key: float(v) for key, v in m.items()}},
-                               metric_counts(s, k, w)))
+            loss, m = hybrid_loss(
+                a(lp_new),
+                a(lp_old),
+                mx.array(reward[i : i + 1]),
+                a(top_new),
+                a(top_old),
+                a(teacher),
+                mx.array(hint[i : i + 1]),
+                mx.ones((1, n)),
+                w,
+            )
+            per_sample.append(
+                ({"loss": float(loss), **{key: float(v) for key, v in m.items()}}, metric_counts(s, k, w))
+            )
         got, want = step_metrics(per_sample), call(np.arange(4))
         assert set(got) == set(want)
         for key in want:
@@ -210,21 +284,35 @@ def _tiny_job(tmp_path, model: Path):
     from clawd.config import TrainingSettings
     from clawd.training.data import Job, Sample, write_job
 
-    settings = TrainingSettings(rank=4, alpha=8.0, batch_size=2, epochs=2, learning_rate=0.02, holdout=0.0,
-                                kl_bound=50.0, targets="q_proj,v_proj")
+    settings = TrainingSettings(
+        rank=4,
+        alpha=8.0,
+        batch_size=2,
+        epochs=2,
+        learning_rate=0.02,
+        holdout=0.0,
+        kl_bound=50.0,
+        targets="q_proj,v_proj",
+    )
     prompt = [0] + [ord(c) + 2 for c in "hello there"]
-    job = Job("ad-test", str(model), "tiny", dataclasses.asdict(settings),
-              train=[Sample("t0", prompt, [ord(c) + 2 for c in " hi you"], 1, None),
-                     Sample("t1", prompt, [ord(c) + 2 for c in " yes no"], 0, prompt + [ord("!") + 2])],
-              canary=[Sample("canary-0", prompt, [ord(c) + 2 for c in " ok"])])
+    job = Job(
+        "ad-test",
+        str(model),
+        "tiny",
+        dataclasses.asdict(settings),
+        train=[
+            Sample("t0", prompt, [ord(c) + 2 for c in " hi you"], 1, None),
+            Sample("t1", prompt, [ord(c) + 2 for c in " yes no"], 0, prompt + [ord("!") + 2]),
+        ],
+        canary=[Sample("canary-0", prompt, [ord(c) + 2 for c in " ok"])],
+    )
     job_dir = tmp_path / "jobs" / job.id
     job_dir.mkdir(parents=True)
     write_job(job, job_dir / "job.json")
     return job_dir
 
 
-def test_stop_after_the_last_step_or_in_the_gate_checkpoints_and_resumes_at_the_gate(
-        tmp_path, tiny_gguf, monkeypatch):
+def test_stop_after_the_last_step_or_in_the_gate_checkpoints_and_resumes_at_the_gate(tmp_path, tiny_gguf, monkeypatch):
     import signal
 
     from clawd.training import run as trainer
@@ -276,9 +364,11 @@ async def test_untrained_count_applies_the_job_builders_test(tmp_path, monkeypat
 
     sigs = [SimpleNamespace(turn_id=t, reward=1, hint=None) for t in ("ok", "gone", "empty")]
     sigs.append(SimpleNamespace(turn_id="nothing", reward=0, hint=None))
-    turns_by_id = {"ok": SimpleNamespace(id="ok", response_ids=[5]),
-                   "empty": SimpleNamespace(id="empty", response_ids=[]),  # no sampled ids kept
-                   "nothing": SimpleNamespace(id="nothing", response_ids=[5])}
+    turns_by_id = {
+        "ok": SimpleNamespace(id="ok", response_ids=[5]),
+        "empty": SimpleNamespace(id="empty", response_ids=[]),  # no sampled ids kept
+        "nothing": SimpleNamespace(id="nothing", response_ids=[5]),
+    }
 
     async def trainable_ids(db, model=None, exclude=()):
         return [s.turn_id for s in sigs if s.turn_id not in exclude]
@@ -332,8 +422,9 @@ def test_why_untrainable_reads_headers_only(tmp_path, tiny_gguf):
     (model_dir / "config.json").write_text(json.dumps({"model_type": "qwen3"}))
     assert why_untrainable(model_dir) is None
     (model_dir / "config.json").write_text(json.dumps({"model_type": "phi3"}))
-    assert why_untrainable(model_dir) == ("phi is a 'phi3' model, and clawd trains gemma3_text, llama, qwen2, "
-                                          "qwen3 models only")
+    assert why_untrainable(model_dir) == (
+        "phi is a 'phi3' model, and clawd trains gemma3_text, llama, qwen2, qwen3 models only"
+    )
     (model_dir / "config.json").write_text("{not json")
     assert why_untrainable(model_dir).startswith("cannot read phi's architecture")
     bad = tmp_path / "bad.gguf"

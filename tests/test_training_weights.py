@@ -50,8 +50,9 @@ def llamacpp_logprobs(path: Path, ids: list[int]) -> np.ndarray:
     which alone moves tiny-model log-probs by ~3e-3 and would hide real mapping errors."""
     import llama_cpp
 
-    llm = llama_cpp.Llama(str(path), n_ctx=256, n_threads=1, logits_all=True, type_k=0, type_v=0,
-                          flash_attn=False, verbose=False)
+    llm = llama_cpp.Llama(
+        str(path), n_ctx=256, n_threads=1, logits_all=True, type_k=0, type_v=0, flash_attn=False, verbose=False
+    )
     llm.eval(ids[:-1])
     lg = np.array(llm.scores[: len(ids) - 1], dtype=np.float64)
     m = lg.max(-1, keepdims=True)
@@ -64,8 +65,9 @@ def compare(ours: np.ndarray, ref: np.ndarray) -> tuple[float, float, float]:
     return float(d.max()), float(d.mean()), float((ours.argmax(-1) == ref.argmax(-1)).mean())
 
 
-def copy_gguf(src: Path, dst: Path, *, arch: str | None = None, extra: dict | None = None,
-              drop: tuple[str, ...] = ()) -> Path:
+def copy_gguf(
+    src: Path, dst: Path, *, arch: str | None = None, extra: dict | None = None, drop: tuple[str, ...] = ()
+) -> Path:
     """Rewrite an F32/F16 GGUF with another architecture name and/or extra tensors."""
     import gguf
 
@@ -172,8 +174,11 @@ def test_hidden_then_logits_is_the_forward_and_differentiable(tiny_dir, arch):
     assert mx.array_equal(out, lm.model(ids)).item()
 
     lm.model.freeze()
-    linear_to_lora_layers(lm.model, len(lm.model.layers), {"rank": 2, "scale": 1.0, "dropout": 0.0,
-                                                           "keys": ["self_attn.q_proj", "mlp.down_proj"]})
+    linear_to_lora_layers(
+        lm.model,
+        len(lm.model.layers),
+        {"rank": 2, "scale": 1.0, "dropout": 0.0, "keys": ["self_attn.q_proj", "mlp.down_proj"]},
+    )
 
     def loss(params):
         lm.model.update(params)
@@ -317,20 +322,41 @@ def _write_hf_tokenizer(d: Path) -> None:
     tokens, _, merges = tiny_vocab()
     vocab = {t: i for i, t in enumerate(tokens)}
     tok = {
-        "version": "1.0", "truncation": None, "padding": None,
-        "added_tokens": [{"id": i, "content": t, "single_word": False, "lstrip": False, "rstrip": False,
-                          "normalized": False, "special": True} for i, t in enumerate(tokens[:2])],
+        "version": "1.0",
+        "truncation": None,
+        "padding": None,
+        "added_tokens": [
+            {
+                "id": i,
+                "content": t,
+                "single_word": False,
+                "lstrip": False,
+                "rstrip": False,
+                "normalized": False,
+                "special": True,
+            }
+            for i, t in enumerate(tokens[:2])
+        ],
         "normalizer": None,
         "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True},
         "post_processor": None,
         "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True},
-        "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
-                  "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False, "vocab": vocab,
-                  "merges": merges},
+        "model": {
+            "type": "BPE",
+            "dropout": None,
+            "unk_token": None,
+            "continuing_subword_prefix": None,
+            "end_of_word_suffix": None,
+            "fuse_unk": False,
+            "byte_fallback": False,
+            "vocab": vocab,
+            "merges": merges,
+        },
     }
     (d / "tokenizer.json").write_text(json.dumps(tok))
-    (d / "tokenizer_config.json").write_text(json.dumps(
-        {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>", "eos_token": "</s>"}))
+    (d / "tokenizer_config.json").write_text(
+        json.dumps({"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>", "eos_token": "</s>"})
+    )
 
 
 # ---- the real embedded model ------------------------------------------------------------------------
@@ -386,16 +412,23 @@ def test_real_model_matches_llamacpp(tmp_path_factory):
         res = eng.score(ids[:1], ids[1:], top_k=1)
     finally:
         eng.close()
-    proc = subprocess.run([sys.executable, "-c", _REAL_CHILD, str(path), str(paths.cache_dir),
-                           json.dumps(ids), _REAL_TEXT], capture_output=True, text=True, cwd=ROOT,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-c", _REAL_CHILD, str(path), str(paths.cache_dir), json.dumps(ids), _REAL_TEXT],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["ids"] == ids  # the trainer's tokenizer gives the served model's ids
     d = np.abs(np.array(out["logprobs"]) - res.logprobs)
     top1 = float((np.array(out["top"]) == res.top_ids[:, 0]).mean())
-    msg = (f"270M over {len(d)} positions: mean |Δ| {d.mean():.4f}, max {d.max():.3f}, top-1 {top1:.3f}; "
-           f"load {out['first']:.1f} s first, {out['cached']:.2f} s cached")
+    msg = (
+        f"270M over {len(d)} positions: mean |Δ| {d.mean():.4f}, max {d.max():.3f}, top-1 {top1:.3f}; "
+        f"load {out['first']:.1f} s first, {out['cached']:.2f} s cached"
+    )
     print(msg)
     assert len(d) >= 190
     assert d.mean() < 0.1 and d.max() < 1.0 and top1 >= 0.9, msg

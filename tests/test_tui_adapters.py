@@ -31,14 +31,26 @@ def lora_daemon(clawd_home, tiny_gguf):
 
 
 def chat(d, text: str) -> str:
-    r = httpx.post(f"{d.url}/v1/chat/completions", timeout=60, headers={"X-Session-Id": "s-review"}, json={
-        "model": "tiny", "messages": [{"role": "user", "content": text}], "max_tokens": 8, "seed": 1})
+    r = httpx.post(
+        f"{d.url}/v1/chat/completions",
+        timeout=60,
+        headers={"X-Session-Id": "s-review"},
+        json={"model": "tiny", "messages": [{"role": "user", "content": text}], "max_tokens": 8, "seed": 1},
+    )
     assert r.status_code == 200, r.text
     return r.json()["id"]
 
 
-def make_adapter(d, tmp_path, adapter_id: str, *, seed: int, parent_id: str | None, signals: list[str],
-                 history: list[dict] | None = None) -> None:
+def make_adapter(
+    d,
+    tmp_path,
+    adapter_id: str,
+    *,
+    seed: int,
+    parent_id: str | None,
+    signals: list[str],
+    history: list[dict] | None = None,
+) -> None:
     """An adapter dir as the trainer writes it (real GGUF LoRA; a probe measured on this very
     engine, so the registry's live check passes), registered through the registry."""
     from tests.tiny_models import build_tiny_lora
@@ -51,13 +63,22 @@ def make_adapter(d, tmp_path, adapter_id: str, *, seed: int, parent_id: str | No
     turn = d.run(turn_rows.get_turn(d.state.db, signals[0]))
     p, t = turn.prompt_ids, turn.response_ids[:4]
     d.run(runner.call(engine.load_adapter, "probe", adir / "adapter.gguf"))
-    delta = d.run(runner.call(engine.score, p, t, adapter="probe")).logprobs - \
-        d.run(runner.call(engine.score, p, t, adapter=None)).logprobs
+    delta = (
+        d.run(runner.call(engine.score, p, t, adapter="probe")).logprobs
+        - d.run(runner.call(engine.score, p, t, adapter=None)).logprobs
+    )
     d.run(runner.call(engine.unload_adapter, "probe"))
-    meta = {"id": adapter_id, "parent_id": parent_id, "model": "tiny", "created_at": time.time(),
-            "signals": signals, "holdout": [], "metrics": {"history": history or []},
-            "gate": {"passed": True, "gain": 0.01, "kl_to_base": 0.001},
-            "probe": {"prompt_ids": p, "response_ids": t, "delta": delta.tolist()}}
+    meta = {
+        "id": adapter_id,
+        "parent_id": parent_id,
+        "model": "tiny",
+        "created_at": time.time(),
+        "signals": signals,
+        "holdout": [],
+        "metrics": {"history": history or []},
+        "gate": {"passed": True, "gain": 0.01, "kl_to_base": 0.001},
+        "probe": {"prompt_ids": p, "response_ids": t, "delta": delta.tolist()},
+    }
     (adir / "meta.json").write_text(json.dumps(meta))
     d.run(registry.register(adir))
 
@@ -67,8 +88,15 @@ def two_adapters(lora_daemon, tmp_path):
     """ad-one (from the base model), then ad-two continued from it and active."""
     d = lora_daemon
     ids = [chat(d, f"question {i}?") for i in range(3)]
-    make_adapter(d, tmp_path, "ad-one", seed=1, parent_id=None, signals=ids[:1],
-                 history=[{"step": 1, "loss": 0.5}, {"step": 2, "loss": 0.4}])
+    make_adapter(
+        d,
+        tmp_path,
+        "ad-one",
+        seed=1,
+        parent_id=None,
+        signals=ids[:1],
+        history=[{"step": 1, "loss": 0.5}, {"step": 2, "loss": 0.4}],
+    )
     make_adapter(d, tmp_path, "ad-two", seed=2, parent_id="ad-one", signals=ids[1:])
     d.run(d.state.registry.activate("ad-one"))
     d.run(d.state.registry.activate("ad-two"))
@@ -109,7 +137,11 @@ def test_training_history_live_then_from_the_newest_adapter(two_adapters):
     d, _ = two_adapters
     # No run in this daemon's life yet: the newest adapter with a recorded curve.
     out = httpx.get(f"{d.url}/clawd/training/history").json()
-    assert out == {"job_id": "ad-one", "source": "adapter", "steps": [{"step": 1, "loss": 0.5}, {"step": 2, "loss": 0.4}]}
+    assert out == {
+        "job_id": "ad-one",
+        "source": "adapter",
+        "steps": [{"step": 1, "loss": 0.5}, {"step": 2, "loss": 0.4}],
+    }
     sched = d.state.scheduler
     for step in (1, 2, 3):  # the trainer child's step events, as the scheduler reads them
         sched._event(json.dumps({"event": "step", "time": 0, "step": step, "total": 3, "loss": 1.0 / step}).encode())

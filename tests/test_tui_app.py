@@ -62,8 +62,7 @@ async def say(pilot, text: str) -> ReplyMessage:
     before = len(replies(app))
     app.screen.query_one("#prompt").focus()
     await pilot.press(*text, "enter")
-    await until(pilot, lambda: len(replies(app)) > before and replies(app)[-1].state != "streaming",
-                what="the reply")
+    await until(pilot, lambda: len(replies(app)) > before and replies(app)[-1].state != "streaming", what="the reply")
     return replies(app)[-1]
 
 
@@ -134,8 +133,11 @@ async def test_regenerate_replaces_the_last_reply(fake_daemon, app_for):
     async with app.run_test(size=SIZE) as pilot:
         first = await say(pilot, "tell me a joke")
         await pilot.press("ctrl+r")
-        await until(pilot, lambda: replies(app) and replies(app)[-1] is not first
-                    and replies(app)[-1].state == "done", what="the regenerated reply")
+        await until(
+            pilot,
+            lambda: replies(app) and replies(app)[-1] is not first and replies(app)[-1].state == "done",
+            what="the regenerated reply",
+        )
         assert len(replies(app)) == 1
         again = httpx.get(f"{d.url}/clawd/turns/{replies(app)[-1].turn_id}").json()
         assert again["requery_of"] == first.turn_id  # the daemon saw the re-ask
@@ -180,8 +182,9 @@ async def test_veto_and_forget_reach_the_signals(fake_daemon, app_for):
         await pilot.press("v")
         await until(pilot, lambda: httpx.get(f"{d.url}/clawd/signals/{reply.turn_id}").json()["vetoed"], what="veto")
         await pilot.press("v")
-        await until(pilot, lambda: not httpx.get(f"{d.url}/clawd/signals/{reply.turn_id}").json()["vetoed"],
-                    what="unveto")
+        await until(
+            pilot, lambda: not httpx.get(f"{d.url}/clawd/signals/{reply.turn_id}").json()["vetoed"], what="unveto"
+        )
 
         session = app.screen.selected["session_id"]
         await pilot.press("f")
@@ -203,14 +206,18 @@ async def test_failed_actions_notify_and_never_crash(fake_daemon, app_for):
     app = app_for(d.url)
     async with app.run_test(size=SIZE) as pilot:
         await pilot.press("f3")
-        await until(pilot, lambda: "not available" in str(app.screen.query_one("#run-summary").content),
-                    what="training unavailable")
+        await until(
+            pilot,
+            lambda: "not available" in str(app.screen.query_one("#run-summary").content),
+            what="training unavailable",
+        )
         await pilot.press("s")
         await until(pilot, lambda: any("not available" in m for m in notifications(app)), what="a notification")
         await pilot.press("f4")
         await pilot.press("b")  # nothing active: says so
-        await until(pilot, lambda: any("base model is already served" in m for m in notifications(app)),
-                    what="rollback notice")
+        await until(
+            pilot, lambda: any("base model is already served" in m for m in notifications(app)), what="rollback notice"
+        )
         assert app.is_running
 
 
@@ -269,8 +276,9 @@ class _BrokenStream(httpx.AsyncByteStream):
 async def test_connection_lost_mid_stream_keeps_and_marks_the_partial_reply():
     def handler(request: httpx.Request) -> httpx.Response:
         if request.url.path == "/v1/chat/completions":
-            return httpx.Response(200, headers={"X-Clawd-Turn-Id": "chatcmpl-x", "X-Clawd-Session-Id": "s"},
-                                  stream=_BrokenStream())
+            return httpx.Response(
+                200, headers={"X-Clawd-Turn-Id": "chatcmpl-x", "X-Clawd-Session-Id": "s"}, stream=_BrokenStream()
+            )
         if request.url.path == "/clawd/status":
             return httpx.Response(200, json={"model": "m", "engine": "fake"})
         return httpx.Response(200, json=[])

@@ -10,8 +10,9 @@ from tests.test_boundaries import loaded_after
 
 
 def test_tui_imports_no_engine_or_training_library():
-    mods = loaded_after("import tui.app, tui.client, tui.screens.chat, tui.screens.learning, "
-                        "tui.screens.training, tui.screens.adapters")
+    mods = loaded_after(
+        "import tui.app, tui.client, tui.screens.chat, tui.screens.learning, tui.screens.training, tui.screens.adapters"
+    )
     assert "textual" in mods  # the probe really loaded the app
     assert mods.isdisjoint({"mlx", "mlx_lm", "llama_cpp"})
     assert "clawd" not in mods  # so not clawd.engines either: the TUI speaks JSON over HTTP

@@ -47,9 +47,17 @@ def tiny_lm(seed: int = 0, dtype: mx.Dtype = mx.float32, vocab: int = VOCAB) -> 
     from mlx_lm.models.llama import Model, ModelArgs
 
     mx.random.seed(seed)
-    args = ModelArgs(model_type="llama", hidden_size=32, num_hidden_layers=2, intermediate_size=64,
-                     num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-5,
-                     vocab_size=vocab, tie_word_embeddings=False)
+    args = ModelArgs(
+        model_type="llama",
+        hidden_size=32,
+        num_hidden_layers=2,
+        intermediate_size=64,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        rms_norm_eps=1e-5,
+        vocab_size=vocab,
+        tie_word_embeddings=False,
+    )
     model = Model(args)
     if dtype != mx.float32:
         model.set_dtype(dtype)
@@ -64,8 +72,9 @@ def add_lora(lm: TinyLM, seed: int = 1, rank: int = 4, scale: float = 2.0, b_std
 
     model = lm.model
     model.freeze()
-    linear_to_lora_layers(model, len(model.layers),
-                          {"rank": rank, "scale": scale, "dropout": 0.0, "keys": list(LORA_KEYS)})
+    linear_to_lora_layers(
+        model, len(model.layers), {"rank": rank, "scale": scale, "dropout": 0.0, "keys": list(LORA_KEYS)}
+    )
     mx.random.seed(seed)
     dtype = model.model.embed_tokens.weight.dtype
     for _, m in model.named_modules():
@@ -94,8 +103,9 @@ def _tiny_hf_tokenizer(out_dir: Path) -> None:
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     tok.add_special_tokens([AddedToken(BOS_TOKEN, special=True), AddedToken(EOS_TOKEN, special=True)])
-    tok.post_processor = processors.TemplateProcessing(single=f"{BOS_TOKEN} $A", pair=f"{BOS_TOKEN} $A $B",
-                                                       special_tokens=[(BOS_TOKEN, 0)])
+    tok.post_processor = processors.TemplateProcessing(
+        single=f"{BOS_TOKEN} $A", pair=f"{BOS_TOKEN} $A $B", special_tokens=[(BOS_TOKEN, 0)]
+    )
     PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=BOS_TOKEN, eos_token=EOS_TOKEN).save_pretrained(out_dir)
 
 
@@ -112,8 +122,7 @@ def build_tiny_mlx_dir(out_dir: Path, gguf_path: Path, *, bits: int | None = Non
     if lm.arch != "llama":
         raise ValueError("build_tiny_mlx_dir converts tiny llama GGUFs only")
     model = lm.model
-    config = {**dataclasses.asdict(model.args), "tie_word_embeddings": False, "bos_token_id": 0,
-              "eos_token_id": 1}
+    config = {**dataclasses.asdict(model.args), "tie_word_embeddings": False, "bos_token_id": 0, "eos_token_id": 1}
     if bits is not None:
         model, config = quantize_model(model, config, group_size, bits)
     mx.save_safetensors(str(out_dir / "model.safetensors"), dict(tree_flatten(model.parameters())))
@@ -122,9 +131,18 @@ def build_tiny_mlx_dir(out_dir: Path, gguf_path: Path, *, bits: int | None = Non
     return out_dir
 
 
-def build_tiny_mlx_adapter(out_dir: Path, model_path: Path, *, seed: int = 1, rank: int = 4, scale: float = 2.0,
-                           keys: tuple[str, ...] = ("self_attn.q_proj", "self_attn.v_proj", "mlp.down_proj"),
-                           num_layers: int | None = None, b_std: float = 0.05, cache_dir: Path | None = None) -> Path:
+def build_tiny_mlx_adapter(
+    out_dir: Path,
+    model_path: Path,
+    *,
+    seed: int = 1,
+    rank: int = 4,
+    scale: float = 2.0,
+    keys: tuple[str, ...] = ("self_attn.q_proj", "self_attn.v_proj", "mlp.down_proj"),
+    num_layers: int | None = None,
+    b_std: float = 0.05,
+    cache_dir: Path | None = None,
+) -> Path:
     """A random LoRA adapter for the model at `model_path` (GGUF or MLX dir), written by
     clawd's trainer writer (mlx-lm's format); lora_b is random so the adapter is no no-op.
     `cache_dir`: clawd's weight cache, so a big GGUF is dequantized once."""

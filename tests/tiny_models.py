@@ -37,8 +37,26 @@ EOS_TOKEN = "</s>"
 # A few merges (in GPT-2's byte-to-unicode spelling, "Ġ" = space) so that common pairs become
 # single tokens and the BPE merge path of llama.cpp is exercised, not just byte fallback.
 _MERGES = (
-    "Ġ t", "h e", "i n", "e r", "a n", "o n", "Ġ a", "r e", "Ġt he", "e n",
-    "Ġ s", "o r", "l l", "H e", "He ll", "Hell o", "Ġ w", "e s", "a t", "i s",
+    "Ġ t",
+    "h e",
+    "i n",
+    "e r",
+    "a n",
+    "o n",
+    "Ġ a",
+    "r e",
+    "Ġt he",
+    "e n",
+    "Ġ s",
+    "o r",
+    "l l",
+    "H e",
+    "He ll",
+    "Hell o",
+    "Ġ w",
+    "e s",
+    "a t",
+    "i s",
 )
 
 # ggml token types (llama.h `llama_token_type`): 1 = normal, 3 = control.
@@ -48,11 +66,7 @@ _TOKEN_CONTROL = 3
 
 def bytes_to_unicode() -> dict[int, str]:
     """GPT-2's reversible byte -> printable unicode character map (as in HF tokenizers)."""
-    bs = (
-        list(range(ord("!"), ord("~") + 1))
-        + list(range(ord("¡"), ord("¬") + 1))
-        + list(range(ord("®"), ord("ÿ") + 1))
-    )
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
     cs = bs[:]
     n = 0
     for b in range(256):
@@ -88,7 +102,13 @@ def tiny_vocab() -> tuple[list[str], list[int], list[str]]:
 
 
 def _tensor_specs(
-    arch: str, n_layer: int, n_embd: int, n_head: int, n_head_kv: int, n_ff: int, n_vocab: int,
+    arch: str,
+    n_layer: int,
+    n_embd: int,
+    n_head: int,
+    n_head_kv: int,
+    n_ff: int,
+    n_vocab: int,
     head_dim: int,
 ) -> list[tuple[str, tuple[int, ...], str]]:
     """(name, numpy shape, kind) for every tensor of the arch; kind in {"embd", "out", "w", "norm", "bias"}.

@@ -24,9 +24,27 @@ class LlamaCppServer:
         self.url = f"http://127.0.0.1:{self.port}/v1"
         # One thread: llama.cpp's threads spin-wait on each other on a loaded 2-core machine.
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "llama_cpp.server", "--model", str(model), "--host", "127.0.0.1",
-             "--port", str(self.port), "--n_ctx", str(n_ctx), "--n_threads", "1", "--n_threads_batch", "1"],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            [
+                sys.executable,
+                "-m",
+                "llama_cpp.server",
+                "--model",
+                str(model),
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                "--n_ctx",
+                str(n_ctx),
+                "--n_threads",
+                "1",
+                "--n_threads_batch",
+                "1",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
 
     def wait_ready(self, timeout: float = 90) -> str:
         deadline = time.time() + timeout

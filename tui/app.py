@@ -40,8 +40,7 @@ class ClawdApp(App):
 
     status: reactive[dict | None] = reactive(None)  # the last GET /clawd/status; None = not reachable
 
-    def __init__(self, client: DaemonClient, *, start_daemon: Callable[[], None] | None = None,
-                 poll_s: float = 2.0):
+    def __init__(self, client: DaemonClient, *, start_daemon: Callable[[], None] | None = None, poll_s: float = 2.0):
         """`start_daemon` launches `clawd serve` in the background (given by `clawd chat`);
         without it the app can only say how to start the daemon."""
         super().__init__()
@@ -70,16 +69,26 @@ class ClawdApp(App):
     def offer_start(self) -> None:
         url = self.client.base_url
         if self.start_daemon is None:
-            self.notify(f"clawd is not running at {url}: start it with `clawd serve`.", title="clawd",
-                        severity="error", timeout=15)
+            self.notify(
+                f"clawd is not running at {url}: start it with `clawd serve`.",
+                title="clawd",
+                severity="error",
+                timeout=15,
+            )
             return
 
         def chosen(yes: bool | None) -> None:
             if yes:
                 self.launch_daemon()
 
-        self.push_screen(ConfirmModal(f"clawd is not running at {url}.\n\nStart it now (`clawd serve` in the "
-                                      "background)?", confirm="Start clawd", cancel="Not now"), chosen)
+        self.push_screen(
+            ConfirmModal(
+                f"clawd is not running at {url}.\n\nStart it now (`clawd serve` in the background)?",
+                confirm="Start clawd",
+                cancel="Not now",
+            ),
+            chosen,
+        )
 
     @work(group="launch", exclusive=True)
     async def launch_daemon(self) -> None:
@@ -99,5 +108,9 @@ class ClawdApp(App):
                     refresh()
                 return
             await asyncio.sleep(0.5)
-        self.notify("clawd did not come up: see `clawd service logs` or run `clawd serve` to see why.",
-                    title="clawd", severity="error", timeout=15)
+        self.notify(
+            "clawd did not come up: see `clawd service logs` or run `clawd serve` to see why.",
+            title="clawd",
+            severity="error",
+            timeout=15,
+        )

@@ -35,12 +35,17 @@ class StreamFinished:
 
 
 class DaemonClient:
-    def __init__(self, base_url: str, *, token: str | None = None, timeout: float = 10.0,
-                 transport: httpx.AsyncBaseTransport | None = None):
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        token: str | None = None,
+        timeout: float = 10.0,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ):
         self.base_url = base_url.rstrip("/")
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self._http = httpx.AsyncClient(base_url=self.base_url, headers=headers, timeout=timeout,
-                                       transport=transport)
+        self._http = httpx.AsyncClient(base_url=self.base_url, headers=headers, timeout=timeout, transport=transport)
 
     async def aclose(self) -> None:
         await self._http.aclose()
@@ -79,8 +84,9 @@ class DaemonClient:
     async def turn(self, turn_id: str) -> dict:
         return await self._request("GET", f"/clawd/turns/{turn_id}")
 
-    async def stream_chat(self, model: str, messages: list[dict], session_id: str,
-                          max_tokens: int | None = None) -> AsyncIterator[StreamStarted | str | StreamFinished]:
+    async def stream_chat(
+        self, model: str, messages: list[dict], session_id: str, max_tokens: int | None = None
+    ) -> AsyncIterator[StreamStarted | str | StreamFinished]:
         """One streamed turn: StreamStarted, then text pieces, then StreamFinished.
         Closing the iterator early closes the connection, which stops generation."""
         body = {"model": model, "messages": messages, "stream": True}
@@ -88,15 +94,18 @@ class DaemonClient:
             body["max_tokens"] = max_tokens
         headers = {"X-Session-Id": session_id, "X-Turn-Type": "main"}
         try:
-            async with self._http.stream("POST", "/v1/chat/completions", json=body, headers=headers,
-                                         timeout=httpx.Timeout(10.0, read=None)) as r:
+            async with self._http.stream(
+                "POST", "/v1/chat/completions", json=body, headers=headers, timeout=httpx.Timeout(10.0, read=None)
+            ) as r:
                 if r.status_code >= 400:
                     raise DaemonError(_error_message(r.status_code, (await r.aread()).decode()))
-                yield StreamStarted(r.headers.get("x-clawd-turn-id", ""), r.headers.get("x-clawd-session-id", session_id))
+                yield StreamStarted(
+                    r.headers.get("x-clawd-turn-id", ""), r.headers.get("x-clawd-session-id", session_id)
+                )
                 async for line in r.aiter_lines():
                     if not line.startswith("data: "):
                         continue
-                    data = line[len("data: "):]
+                    data = line[len("data: ") :]
                     if data == "[DONE]":
                         return
                     event = json.loads(data)
@@ -154,8 +163,9 @@ class DaemonClient:
 
     async def compare(self, adapter_id: str, n: int = 3, max_tokens: int = 96) -> dict:
         # Generated while you wait, behind any chat request: allow minutes, not seconds.
-        return await self._request("POST", f"/clawd/adapters/{adapter_id}/compare",
-                                   params={"n": n, "max_tokens": max_tokens}, timeout=600.0)
+        return await self._request(
+            "POST", f"/clawd/adapters/{adapter_id}/compare", params={"n": n, "max_tokens": max_tokens}, timeout=600.0
+        )
 
     async def activate(self, adapter_id: str | None) -> dict:
         return await self._request("POST", f"/clawd/adapters/{adapter_id or 'base'}/activate", timeout=120.0)

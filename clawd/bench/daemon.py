@@ -23,8 +23,9 @@ class DaemonFailed(ClawdError):
 
 
 class Daemon:
-    def __init__(self, home: Path, settings: dict[str, str], *, model: Path | None = None,
-                 start_timeout_s: float = 180.0):
+    def __init__(
+        self, home: Path, settings: dict[str, str], *, model: Path | None = None, start_timeout_s: float = 180.0
+    ):
         self.home = home
         home.mkdir(parents=True, exist_ok=True)
         self.log = home / "serve.log"
@@ -43,8 +44,9 @@ class Daemon:
                 break
             if self.proc.poll() is not None or time.time() > deadline:
                 self.stop()
-                raise DaemonFailed(f"clawd serve did not start; its log ({self.log}) ends:\n"
-                                   + self.log.read_text()[-2000:])
+                raise DaemonFailed(
+                    f"clawd serve did not start; its log ({self.log}) ends:\n" + self.log.read_text()[-2000:]
+                )
             time.sleep(0.1)
         self.http = DaemonClient(self.url, timeout=600)
         self.model_id = self.get("/v1/models")["data"][0]["id"]
@@ -55,12 +57,26 @@ class Daemon:
     def post(self, path: str, body: dict | None = None, **params) -> dict:
         return self.http.post(path, body, **params)
 
-    def chat(self, messages: list[dict], *, max_tokens: int, temperature: float, seed: int,
-             session_id: str, side: bool = False) -> dict:
+    def chat(
+        self,
+        messages: list[dict],
+        *,
+        max_tokens: int,
+        temperature: float,
+        seed: int,
+        session_id: str,
+        side: bool = False,
+    ) -> dict:
         """One non-streamed completion: {"id": turn id, "text": ..., "finish_reason": ...}."""
-        body = {"model": self.model_id, "messages": messages, "max_tokens": max_tokens,
-                "temperature": temperature, "seed": seed, "session_id": session_id,
-                "turn_type": "side" if side else "main"}
+        body = {
+            "model": self.model_id,
+            "messages": messages,
+            "max_tokens": max_tokens,
+            "temperature": temperature,
+            "seed": seed,
+            "session_id": session_id,
+            "turn_type": "side" if side else "main",
+        }
         out = self.post("/v1/chat/completions", body)
         choice = out["choices"][0]
         return {"id": out["id"], "text": choice["message"]["content"] or "", "finish_reason": choice["finish_reason"]}

@@ -60,11 +60,14 @@ from clawd.judge_rules import RulesJudge
 from clawd.served import teacher_messages
 
 # METHOD.md §5: an ablation is a loss weight, nothing else.
-METHODS = {"hybrid": {"w_rl": 1.0, "w_opd": 1.0}, "rl": {"w_rl": 1.0, "w_opd": 0.0},
-           "opd": {"w_rl": 0.0, "w_opd": 1.0},
-           # The same with the active adapter (each run's π_old) as the hinted teacher (training.teacher = policy).
-           "hybrid-self": {"w_rl": 1.0, "w_opd": 1.0, "teacher": "policy"},
-           "opd-self": {"w_rl": 0.0, "w_opd": 1.0, "teacher": "policy"}}
+METHODS = {
+    "hybrid": {"w_rl": 1.0, "w_opd": 1.0},
+    "rl": {"w_rl": 1.0, "w_opd": 0.0},
+    "opd": {"w_rl": 0.0, "w_opd": 1.0},
+    # The same with the active adapter (each run's π_old) as the hinted teacher (training.teacher = policy).
+    "hybrid-self": {"w_rl": 1.0, "w_opd": 1.0, "teacher": "policy"},
+    "opd-self": {"w_rl": 0.0, "w_opd": 1.0, "teacher": "policy"},
+}
 # Far above any run's sample count: one run = one batch = `epochs` optimizer steps.
 ONE_BATCH = 100_000
 
@@ -97,14 +100,21 @@ class Budget:
 def daemon_settings(method: str, budget: Budget) -> dict[str, str]:
     w = METHODS[method]
     return {
-        "CLAWD_TRAINING_AUTO": "0", "CLAWD_TRAINING_MIN_SIGNALS": str(budget.batch),
-        "CLAWD_TRAINING_BATCH_SIZE": str(ONE_BATCH), "CLAWD_TRAINING_EPOCHS": str(budget.epochs),
-        "CLAWD_TRAINING_LEARNING_RATE": str(budget.learning_rate), "CLAWD_TRAINING_KL_BOUND": str(budget.kl_bound),
+        "CLAWD_TRAINING_AUTO": "0",
+        "CLAWD_TRAINING_MIN_SIGNALS": str(budget.batch),
+        "CLAWD_TRAINING_BATCH_SIZE": str(ONE_BATCH),
+        "CLAWD_TRAINING_EPOCHS": str(budget.epochs),
+        "CLAWD_TRAINING_LEARNING_RATE": str(budget.learning_rate),
+        "CLAWD_TRAINING_KL_BOUND": str(budget.kl_bound),
         "CLAWD_TRAINING_HOLDOUT": str(budget.holdout),
-        "CLAWD_TRAINING_W_RL": str(w["w_rl"]), "CLAWD_TRAINING_W_OPD": str(w["w_opd"]),
+        "CLAWD_TRAINING_W_RL": str(w["w_rl"]),
+        "CLAWD_TRAINING_W_OPD": str(w["w_opd"]),
         "CLAWD_TRAINING_TEACHER": w.get("teacher", "base"),
-        "CLAWD_MINING_JUDGE": "rules", "CLAWD_MINING_HINT_JUDGE": "rules", "CLAWD_MINING_QUIET_S": "0",
-        "CLAWD_LOG_LEVEL": "warning", **budget.extra,
+        "CLAWD_MINING_JUDGE": "rules",
+        "CLAWD_MINING_HINT_JUDGE": "rules",
+        "CLAWD_MINING_QUIET_S": "0",
+        "CLAWD_LOG_LEVEL": "warning",
+        **budget.extra,
     }
 
 
@@ -117,8 +127,13 @@ def teacher_context(prompt: str, hint: str) -> list[dict]:
     return [m.model_dump(exclude_none=True) for m in teacher_messages([{"role": "user", "content": prompt}], hint)]
 
 
-def measure(d: Daemon, user: SimulatedUser, budget: Budget, step: int | str,
-            hinted: Callable[[str, str], list[dict]] | None = None) -> dict:
+def measure(
+    d: Daemon,
+    user: SimulatedUser,
+    budget: Budget,
+    step: int | str,
+    hinted: Callable[[str, str], list[dict]] | None = None,
+) -> dict:
     """Held-out compliance of the live adapter, greedy and sampled (fixed seeds, side turns).
     `hinted(prompt, hint)`: ask each prompt with one of the user's corrections as the miner
     turns it into a hint, in that wording (`teacher_context` = the teacher's own): what the
@@ -133,15 +148,33 @@ def measure(d: Daemon, user: SimulatedUser, budget: Budget, step: int | str,
             if hint is None:
                 continue
             msgs = hinted(prompt, hint)
-        g = d.chat(msgs, max_tokens=budget.max_tokens, temperature=0.0, seed=0, session_id=f"eval-{step}-g{i}",
-                   side=True)["text"]
-        s = d.chat(msgs, max_tokens=budget.max_tokens, temperature=budget.temperature, seed=7919 + i,
-                   session_id=f"eval-{step}-s{i}", side=True)["text"]
-        answers.append({"prompt": msgs[-1]["content"], "greedy": g, "greedy_ok": user.complies(g),
-                        "sampled": s, "sampled_ok": user.complies(s)})
+        g = d.chat(
+            msgs, max_tokens=budget.max_tokens, temperature=0.0, seed=0, session_id=f"eval-{step}-g{i}", side=True
+        )["text"]
+        s = d.chat(
+            msgs,
+            max_tokens=budget.max_tokens,
+            temperature=budget.temperature,
+            seed=7919 + i,
+            session_id=f"eval-{step}-s{i}",
+            side=True,
+        )["text"]
+        answers.append(
+            {
+                "prompt": msgs[-1]["content"],
+                "greedy": g,
+                "greedy_ok": user.complies(g),
+                "sampled": s,
+                "sampled_ok": user.complies(s),
+            }
+        )
     n = len(answers)
-    return {"step": step, "greedy": sum(a["greedy_ok"] for a in answers) / n if n else None,
-            "sampled": sum(a["sampled_ok"] for a in answers) / n if n else None, "answers": answers}
+    return {
+        "step": step,
+        "greedy": sum(a["greedy_ok"] for a in answers) / n if n else None,
+        "sampled": sum(a["sampled_ok"] for a in answers) / n if n else None,
+        "answers": answers,
+    }
 
 
 def teacher_hint(user: SimulatedUser, prompt: str, i: int) -> str | None:
@@ -155,23 +188,45 @@ def converse(d: Daemon, user: SimulatedUser, task: str, index: int, seed: int, b
     the session with the signal the miner made of it."""
     sid = f"{user.name}-seed{seed}-session{index}"
     msgs = [{"role": "user", "content": task}]
-    first = d.chat(msgs, max_tokens=budget.max_tokens, temperature=budget.temperature,
-                   seed=seed * 100_003 + index, session_id=sid)
+    first = d.chat(
+        msgs, max_tokens=budget.max_tokens, temperature=budget.temperature, seed=seed * 100_003 + index, session_id=sid
+    )
     reaction = user.react(first["text"], random.Random(f"{user.name}:{seed}:{index}"))
     # The reply is the first turn's next state; its own answer is never judged, so 1 token.
-    d.chat([*msgs, {"role": "assistant", "content": first["text"]}, {"role": "user", "content": reaction.text}],
-           max_tokens=1, temperature=0.0, seed=0, session_id=sid)
+    d.chat(
+        [*msgs, {"role": "assistant", "content": first["text"]}, {"role": "user", "content": reaction.text}],
+        max_tokens=1,
+        temperature=0.0,
+        seed=0,
+        session_id=sid,
+    )
     if reaction.thumbs:
         d.post("/clawd/feedback", {"turn_id": first["id"], "rating": reaction.thumbs})
     sig = d.wait_mined(first["id"])
-    return {"index": index, "task": task, "turn_id": first["id"], "response": first["text"],
-            "passed": user.complies(first["text"]), "reply": reaction.text, "thumbs": reaction.thumbs,
-            "reward": sig.get("reward"), "reward_source": sig.get("reward_source"), "hint": sig.get("hint"),
-            "signal": sig["status"]}
+    return {
+        "index": index,
+        "task": task,
+        "turn_id": first["id"],
+        "response": first["text"],
+        "passed": user.complies(first["text"]),
+        "reply": reaction.text,
+        "thumbs": reaction.thumbs,
+        "reward": sig.get("reward"),
+        "reward_source": sig.get("reward_source"),
+        "hint": sig.get("hint"),
+        "signal": sig["status"],
+    }
 
 
-def run_arm(arm: dict, user: SimulatedUser, budget: Budget, home: Path, model: Path | None,
-            shared_cache: Path, save: Callable[[], object]) -> dict:
+def run_arm(
+    arm: dict,
+    user: SimulatedUser,
+    budget: Budget,
+    home: Path,
+    model: Path | None,
+    shared_cache: Path,
+    save: Callable[[], object],
+) -> dict:
     """Fill `arm` (user, method, seed set) in place; `save()` after each measurement, so a
     run cut short (time cap, SIGTERM) still has every point it measured on disk."""
     method, seed = arm["method"], arm["seed"]
@@ -184,9 +239,11 @@ def run_arm(arm: dict, user: SimulatedUser, budget: Budget, home: Path, model: P
     with Daemon(home, daemon_settings(method, budget), model=model) as d:
         arm["curve"].append(measure(d, user, budget, 0))
         arm["teacher"] = measure(d, user, budget, "teacher", hinted=teacher_context)
-        _say(f"{tag} before: greedy {arm['curve'][0]['greedy']:.0%}, sampled {arm['curve'][0]['sampled']:.0%}; "
-             f"the base with the user's hint: {report.fmt(arm['teacher']['greedy'])}, "
-             f"{report.fmt(arm['teacher']['sampled'])}")
+        _say(
+            f"{tag} before: greedy {arm['curve'][0]['greedy']:.0%}, sampled {arm['curve'][0]['sampled']:.0%}; "
+            f"the base with the user's hint: {report.fmt(arm['teacher']['greedy'])}, "
+            f"{report.fmt(arm['teacher']['sampled'])}"
+        )
         save()
         steps = 0
         while steps < budget.steps:
@@ -200,9 +257,11 @@ def run_arm(arm: dict, user: SimulatedUser, budget: Budget, home: Path, model: P
                     break
                 s = converse(d, user, tasks[len(arm["sessions"])], len(arm["sessions"]), seed, budget)
                 arm["sessions"].append(s)
-                _say(f"{tag} session {s['index'] + 1}: {'pass' if s['passed'] else 'FAIL'} "
-                     f"{s['response'].strip()[:60]!r} -> {s['reply'][:40]!r}{' +' + s['thumbs'] if s['thumbs'] else ''}"
-                     f" | reward {s['reward']} ({s['reward_source']}), hint {'yes' if s['hint'] else 'no'}")
+                _say(
+                    f"{tag} session {s['index'] + 1}: {'pass' if s['passed'] else 'FAIL'} "
+                    f"{s['response'].strip()[:60]!r} -> {s['reply'][:40]!r}{' +' + s['thumbs'] if s['thumbs'] else ''}"
+                    f" | reward {s['reward']} ({s['reward_source']}), hint {'yes' if s['hint'] else 'no'}"
+                )
                 new_ready += s["signal"] == "ready"
                 if new_ready >= budget.batch:  # refused runs leave untrained signals: count new ones
                     t_run = time.perf_counter()
@@ -211,9 +270,14 @@ def run_arm(arm: dict, user: SimulatedUser, budget: Budget, home: Path, model: P
                 break
             detail = d.get(f"/clawd/adapters/{result['adapter_id']}") if result.get("adapter_id") else {}
             metrics = detail.get("metrics") or {}
-            run = {**result, "seconds": time.perf_counter() - t_run, "steps": metrics.get("steps", 0),
-                   "samples": metrics.get("samples"), "final": metrics.get("final"),
-                   "after_sessions": len(arm["sessions"])}
+            run = {
+                **result,
+                "seconds": time.perf_counter() - t_run,
+                "steps": metrics.get("steps", 0),
+                "samples": metrics.get("samples"),
+                "final": metrics.get("final"),
+                "after_sessions": len(arm["sessions"]),
+            }
             arm["rounds"].append(run)
             if "error" in result and not result.get("gate"):
                 arm["stopped"] = f"training failed: {result['error']}"
@@ -222,9 +286,11 @@ def run_arm(arm: dict, user: SimulatedUser, budget: Budget, home: Path, model: P
             steps += run["steps"] or budget.epochs
             gate = result.get("gate") or {}
             verdict = "promoted" if result.get("promoted") else f"REFUSED: {result.get('note') or result.get('error')}"
-            _say(f"{tag} run {len(arm['rounds'])}: {run['samples']} samples, {run['steps']} steps "
-                 f"({run['seconds']:.0f} s); gate gain {gate.get('gain')}, KL to base {gate.get('kl_to_base')} -> "
-                 f"{verdict}")
+            _say(
+                f"{tag} run {len(arm['rounds'])}: {run['samples']} samples, {run['steps']} steps "
+                f"({run['seconds']:.0f} s); gate gain {gate.get('gain')}, KL to base {gate.get('kl_to_base')} -> "
+                f"{verdict}"
+            )
             if result.get("promoted"):
                 point = measure(d, user, budget, steps)
             else:  # the active adapter did not change: neither did its answers
@@ -262,10 +328,16 @@ def _settings(pairs: list[str]) -> dict[str, str]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="clawd bench learning", description=__doc__.splitlines()[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--users", default="terse,detailed,plain,signoff",
-                   help=f"comma list: shipped users ({', '.join(shipped_users())}) or paths to user .toml files")
+    p = argparse.ArgumentParser(
+        prog="clawd bench learning",
+        description=__doc__.splitlines()[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument(
+        "--users",
+        default="terse,detailed,plain,signoff",
+        help=f"comma list: shipped users ({', '.join(shipped_users())}) or paths to user .toml files",
+    )
     p.add_argument("--methods", default="hybrid,rl,opd", help=f"comma list of {', '.join(METHODS)}")
     p.add_argument("--seeds", default="0", help="comma list of integer seeds")
     b = Budget()
@@ -276,19 +348,37 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-tokens", type=int, default=b.max_tokens, help="max tokens per answer")
     p.add_argument("--lr", type=float, default=b.learning_rate, help="training.learning_rate")
     p.add_argument("--kl-bound", type=float, default=b.kl_bound, help="training.kl_bound (the eval gate's bound)")
-    p.add_argument("--holdout", type=float, default=b.holdout, help="training.holdout: share of signals the gate "
-                   "judges on, never trained on (0 = the gate judges on the training signals)")
-    p.add_argument("--temperature", type=float, default=b.temperature, help="sampling temperature of sessions and "
-                   "the sampled measurement")
+    p.add_argument(
+        "--holdout",
+        type=float,
+        default=b.holdout,
+        help="training.holdout: share of signals the gate "
+        "judges on, never trained on (0 = the gate judges on the training signals)",
+    )
+    p.add_argument(
+        "--temperature",
+        type=float,
+        default=b.temperature,
+        help="sampling temperature of sessions and the sampled measurement",
+    )
     p.add_argument("--arm-minutes", type=float, default=0.0, help="wall-clock cap per arm; 0 = none")
-    p.add_argument("--set", action="append", default=[], metavar="CLAWD_X_Y=V",
-                   help="any other daemon setting, e.g. CLAWD_TRAINING_RANK=8 (repeatable)")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="CLAWD_X_Y=V",
+        help="any other daemon setting, e.g. CLAWD_TRAINING_RANK=8 (repeatable)",
+    )
     p.add_argument("--model", type=Path, help="GGUF to serve (default: the embedded Gemma 3 270M)")
     p.add_argument("--out", type=Path, help="results directory (default: bench-results/learning-<time>)")
     p.add_argument("--keep", action="store_true", help="keep the daemons' homes (databases, adapters, logs)")
-    p.add_argument("--merge", type=Path, nargs="+", metavar="RESULTS_JSON",
-                   help="run nothing: pool the arms of earlier runs (more seeds or methods) into one table and "
-                        "plot in --out")
+    p.add_argument(
+        "--merge",
+        type=Path,
+        nargs="+",
+        metavar="RESULTS_JSON",
+        help="run nothing: pool the arms of earlier runs (more seeds or methods) into one table and plot in --out",
+    )
     return p
 
 
@@ -318,21 +408,40 @@ def _run(args, argv: list[str]) -> int:
         raise ConfigError(f"--seeds wants integers, got {args.seeds!r}") from None
     if min(args.steps, args.batch, args.epochs, args.eval_prompts, args.max_tokens) < 1:
         raise ConfigError("--steps, --batch, --epochs, --eval-prompts and --max-tokens must be at least 1")
-    budget = Budget(steps=args.steps, batch=args.batch, epochs=args.epochs, eval_prompts=args.eval_prompts,
-                    max_tokens=args.max_tokens, learning_rate=args.lr, kl_bound=args.kl_bound,
-                    holdout=args.holdout, temperature=args.temperature, arm_minutes=args.arm_minutes,
-                    extra=_settings(args.set))
+    budget = Budget(
+        steps=args.steps,
+        batch=args.batch,
+        epochs=args.epochs,
+        eval_prompts=args.eval_prompts,
+        max_tokens=args.max_tokens,
+        learning_rate=args.lr,
+        kl_bound=args.kl_bound,
+        holdout=args.holdout,
+        temperature=args.temperature,
+        arm_minutes=args.arm_minutes,
+        extra=_settings(args.set),
+    )
     out = args.out or Path("bench-results") / time.strftime("learning-%Y%m%d-%H%M%S")
     out.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="clawd-bench-learning-"))
     command = "clawd bench learning " + shlex.join(argv)
-    results = {"config": {**asdict(budget), "users": [u.name for u in users],
-                          "user_files": [str(u.path) for u in users], "methods": methods, "seeds": seeds,
-                          "eval_temperature": budget.temperature, "command": command},
-               "arms": []}
+    results = {
+        "config": {
+            **asdict(budget),
+            "users": [u.name for u in users],
+            "user_files": [str(u.path) for u in users],
+            "methods": methods,
+            "seeds": seeds,
+            "eval_temperature": budget.temperature,
+            "command": command,
+        },
+        "arms": [],
+    }
     t0 = time.perf_counter()
-    _say(f"clawd bench learning: {len(users)} user(s) x {len(methods)} method(s) x {len(seeds)} seed(s), "
-         f"{budget.steps} steps of {budget.batch} signals; work dir {work}")
+    _say(
+        f"clawd bench learning: {len(users)} user(s) x {len(methods)} method(s) x {len(seeds)} seed(s), "
+        f"{budget.steps} steps of {budget.batch} signals; work dir {work}"
+    )
     try:
         model = args.model or embedded_model(work)
         results["config"]["model"] = model.name
@@ -344,8 +453,15 @@ def _run(args, argv: list[str]) -> int:
                     home = work / f"{user.name}-{method}-seed{seed}"
                     arm = {"user": user.name, "method": method, "seed": seed}
                     results["arms"].append(arm)
-                    run_arm(arm, user, budget, home, model, shared_cache,
-                            save=lambda: _write(results, out, elapsed=time.perf_counter() - t0))
+                    run_arm(
+                        arm,
+                        user,
+                        budget,
+                        home,
+                        model,
+                        shared_cache,
+                        save=lambda: _write(results, out, elapsed=time.perf_counter() - t0),
+                    )
     except BaseException as e:  # a failed daemon, Ctrl-C, SIGTERM: keep what was measured, say why it stopped
         results["error"] = getattr(e, "message", None) or f"{type(e).__name__} {e}".strip()
         _write(results, out, elapsed=time.perf_counter() - t0)
@@ -356,15 +472,26 @@ def _run(args, argv: list[str]) -> int:
     note = _write(results, out, elapsed=time.perf_counter() - t0)
     _say("")
     _say(report.markdown(results))
-    _say(f"wall time {results['wall_s']:.0f} s; results in {out}/ (results.json, results.md"
-         f"{', compliance.png' if note is None else ''}){'; ' + note if note else ''}")
+    _say(
+        f"wall time {results['wall_s']:.0f} s; results in {out}/ (results.json, results.md"
+        f"{', compliance.png' if note is None else ''}){'; ' + note if note else ''}"
+    )
     return 0
 
 
 # What every arm's numbers depend on: runs pooled by --merge must agree on these (steps may
 # differ: an arm that did not get to a milestone shows "–" there).
-COMPARABLE = ("batch", "epochs", "eval_prompts", "max_tokens", "learning_rate", "kl_bound", "holdout",
-              "temperature", "extra")
+COMPARABLE = (
+    "batch",
+    "epochs",
+    "eval_prompts",
+    "max_tokens",
+    "learning_rate",
+    "kl_bound",
+    "holdout",
+    "temperature",
+    "extra",
+)
 
 
 def _merge(paths: list[Path], out: Path) -> int:
@@ -374,8 +501,12 @@ def _merge(paths: list[Path], out: Path) -> int:
             run = json.loads(path.read_text())
         except (OSError, ValueError) as e:
             raise ConfigError(f"--merge: cannot read {path} ({e})") from None
-        if not (isinstance(run, dict) and isinstance(run.get("config"), dict) and isinstance(run.get("arms"), list)
-                and all(isinstance(a, dict) for a in run["arms"])):
+        if not (
+            isinstance(run, dict)
+            and isinstance(run.get("config"), dict)
+            and isinstance(run.get("arms"), list)
+            and all(isinstance(a, dict) for a in run["arms"])
+        ):
             raise ConfigError(f"--merge: {path} is not a results.json of clawd bench learning")
         if (out / "results.json").resolve() == path.resolve():
             raise ConfigError(f"--merge: --out {out} would overwrite {path}; choose another directory")
@@ -393,16 +524,25 @@ def _merge(paths: list[Path], out: Path) -> int:
     twice = sorted((k for k, n in counts.items() if n > 1), key=str)
     if twice:
         raise ConfigError(f"--merge: the same user, method and seed twice: {twice}")
-    union = {k: list(dict.fromkeys(v for r in runs for v in r["config"].get(k, []))) for k in
-             ("users", "user_files", "methods", "seeds")}
-    results = {"config": {**first, **union, "command": "; ".join(r["config"].get("command", str(p))
-                                                             for p, r in zip(paths, runs))},
-               "arms": arms}
+    union = {
+        k: list(dict.fromkeys(v for r in runs for v in r["config"].get(k, [])))
+        for k in ("users", "user_files", "methods", "seeds")
+    }
+    results = {
+        "config": {
+            **first,
+            **union,
+            "command": "; ".join(r["config"].get("command", str(p)) for p, r in zip(paths, runs)),
+        },
+        "arms": arms,
+    }
     out.mkdir(parents=True, exist_ok=True)
     note = _write(results, out, elapsed=sum(r.get("wall_s", 0) for r in runs))
     _say(report.markdown({**results, "arms": [a for a in arms if a.get("curve")]}))
-    _say(f"{len(arms)} arms from {len(runs)} runs (wall time {results['wall_s']:.0f} s in all); "
-         f"results in {out}/{'; ' + note if note else ''}")
+    _say(
+        f"{len(arms)} arms from {len(runs)} runs (wall time {results['wall_s']:.0f} s in all); "
+        f"results in {out}/{'; ' + note if note else ''}"
+    )
     return 0
 
 
@@ -415,8 +555,9 @@ def _write(results: dict, out: Path, elapsed: float | None = None) -> str | None
         return None
     results = {**results, "arms": arms}
     cfg = results["config"]
-    (out / "results.md").write_text(report.markdown(results) + f"\nCommand: `{cfg['command']}`; wall time "
-                                    f"{results.get('wall_s', 0):.0f} s.\n")
+    (out / "results.md").write_text(
+        report.markdown(results) + f"\nCommand: `{cfg['command']}`; wall time {results.get('wall_s', 0):.0f} s.\n"
+    )
     return report.plot(results, out / "compliance.png")
 
 

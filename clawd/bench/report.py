@@ -38,7 +38,9 @@ def summarize(arm: dict) -> dict:
     kls = [r["gate"]["kl_to_base"] for r in rounds if r.get("gate") and r["gate"].get("kl_to_base") is not None]
     promoted_kls = [r["gate"]["kl_to_base"] for r in rounds if r.get("promoted")]
     return {
-        "user": arm["user"], "method": arm["method"], "seed": arm["seed"],
+        "user": arm["user"],
+        "method": arm["method"],
+        "seed": arm["seed"],
         "steps": curve[-1]["step"] if curve else 0,
         "sessions": len(arm["sessions"]),
         **{f"{key}_before": curve[0][key] for key in ("greedy", "sampled")},
@@ -47,8 +49,9 @@ def summarize(arm: dict) -> dict:
         **{f"{key}_after_{s}": compliance_at(curve, s, key) for key in ("greedy", "sampled") for s in MILESTONES},
         **{f"{key}_final": curve[-1][key] for key in ("greedy", "sampled")},
         "sessions_to_criterion": sessions_to_criterion([s["passed"] for s in arm["sessions"]]),
-        "training_compliance": (sum(s["passed"] for s in arm["sessions"]) / len(arm["sessions"])
-                                if arm["sessions"] else None),
+        "training_compliance": (
+            sum(s["passed"] for s in arm["sessions"]) / len(arm["sessions"]) if arm["sessions"] else None
+        ),
         # canary KL of the adapter live at the end (the gate's forgetting measure), and the largest seen
         "kl_to_base": promoted_kls[-1] if promoted_kls else 0.0,
         "kl_max": max(kls, default=None),
@@ -75,13 +78,23 @@ def group(summaries: list[dict]) -> list[dict]:
     for user, method in keys:
         rows = [s for s in summaries if s["user"] == user and s["method"] == method]
         crit = [s["sessions_to_criterion"] for s in rows]
-        g = {"user": user, "method": method, "seeds": len(rows),
-             "sessions": _mean([s["sessions"] for s in rows]),
-             "criterion_reached": sum(c is not None for c in crit),
-             "sessions_to_criterion": _mean(crit)}
+        g = {
+            "user": user,
+            "method": method,
+            "seeds": len(rows),
+            "sessions": _mean([s["sessions"] for s in rows]),
+            "criterion_reached": sum(c is not None for c in crit),
+            "sessions_to_criterion": _mean(crit),
+        }
         for k in rows[0]:
-            if k.startswith(("greedy_", "sampled_")) or k in ("steps", "kl_to_base", "kl_max", "refused", "runs",
-                                                               "training_compliance"):
+            if k.startswith(("greedy_", "sampled_")) or k in (
+                "steps",
+                "kl_to_base",
+                "kl_max",
+                "refused",
+                "runs",
+                "training_compliance",
+            ):
                 g[k] = _mean([s[k] for s in rows])
         out.append(g)
     return out
@@ -89,21 +102,26 @@ def group(summaries: list[dict]) -> list[dict]:
 
 def markdown(results: dict) -> str:
     grouped = group([summarize(a) for a in results["arms"]])
-    head = ("| user | method | seeds | compliance before | base + hint (teacher) | after 4 steps | after 8 steps "
-            "| after 16 steps | at the end (steps) | sessions to criterion | training-session compliance "
-            "| canary KL to base (bound) | runs refused |")
+    head = (
+        "| user | method | seeds | compliance before | base + hint (teacher) | after 4 steps | after 8 steps "
+        "| after 16 steps | at the end (steps) | sessions to criterion | training-session compliance "
+        "| canary KL to base (bound) | runs refused |"
+    )
     lines = [
         "Compliance on held-out first messages, greedy / sampled (T = "
-        f"{results['config']['eval_temperature']}); means over seeds. \"–\": training did not get that far. "
+        f'{results["config"]["eval_temperature"]}); means over seeds. "–": training did not get that far. '
         "Base + hint: the base model asked with the user's correction as a hint, the teacher's context "
         "(for the -self methods, their teacher before the first run).",
         "",
-        head, "|" + "---|" * (head.count("|") - 1),
+        head,
+        "|" + "---|" * (head.count("|") - 1),
     ]
     bound = results["config"]["kl_bound"]
     for g in grouped:
-        cells = [f"{fmt(g[f'greedy_{k}'])} / {fmt(g[f'sampled_{k}'])}"
-                 for k in ("before", "teacher", *(f"after_{s}" for s in MILESTONES), "final")]
+        cells = [
+            f"{fmt(g[f'greedy_{k}'])} / {fmt(g[f'sampled_{k}'])}"
+            for k in ("before", "teacher", *(f"after_{s}" for s in MILESTONES), "final")
+        ]
         cells[-1] += f" ({g['steps']:.0f})"
         if g["criterion_reached"]:
             crit = f"{g['sessions_to_criterion']:.1f}"
@@ -111,9 +129,12 @@ def markdown(results: dict) -> str:
                 crit += f" ({g['criterion_reached']}/{g['seeds']} seeds)"
         else:
             crit = f"not in {g['sessions']:.0f}"
-        lines.append(f"| {g['user']} | {g['method']} | {g['seeds']} | " + " | ".join(cells)
-                     + f" | {crit} | {fmt(g['training_compliance'])} | {fmt(g['kl_to_base'], False)} ({bound}) "
-                     f"| {g['refused']:.1f} of {g['runs']:.1f} |")
+        lines.append(
+            f"| {g['user']} | {g['method']} | {g['seeds']} | "
+            + " | ".join(cells)
+            + f" | {crit} | {fmt(g['training_compliance'])} | {fmt(g['kl_to_base'], False)} ({bound}) "
+            f"| {g['refused']:.1f} of {g['runs']:.1f} |"
+        )
     return "\n".join(lines) + "\n"
 
 

@@ -168,11 +168,17 @@ def parse_user(data: dict, path: Path | str = "<memory>") -> SimulatedUser:
     if set(tasks) & set(held_out):
         raise _fail(path, "held_out first messages must not also be training tasks")
     return SimulatedUser(
-        name=name, about=str(data.get("about", "")), tasks=tasks, held_out=held_out,
+        name=name,
+        about=str(data.get("about", "")),
+        tasks=tasks,
+        held_out=held_out,
         checks=tuple(_check(c, path) for c in pref["checks"]),
         # several wordings, so the model cannot learn one sentence instead of the preference
         corrections=_strings(reactions, "corrections", path, minimum=2),
-        approvals=_strings(reactions, "approvals", path), thumbs=float(thumbs), path=Path(path))
+        approvals=_strings(reactions, "approvals", path),
+        thumbs=float(thumbs),
+        path=Path(path),
+    )
 
 
 def load_user(path: Path | str) -> SimulatedUser:

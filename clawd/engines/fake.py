@@ -32,12 +32,26 @@ _P_INTENDED = 0.9
 class Engine(base.Engine):
     name = "fake"
 
-    def __init__(self, model_path: Path | None = None, *, n_ctx: int = 2048, token_delay: float = 0.0,
-                 model_id: str = "fake-model", **_ignored):
+    def __init__(
+        self,
+        model_path: Path | None = None,
+        *,
+        n_ctx: int = 2048,
+        token_delay: float = 0.0,
+        model_id: str = "fake-model",
+        **_ignored,
+    ):
         self._info = base.ModelInfo(
-            id=model_id, path=Path(model_path or "fake"), architecture="fake", n_ctx=n_ctx,
-            n_ctx_train=n_ctx, n_vocab=VOCAB, chat_template=None, bos_token="<s>",
-            eos_token="</s>", add_bos=True,
+            id=model_id,
+            path=Path(model_path or "fake"),
+            architecture="fake",
+            n_ctx=n_ctx,
+            n_ctx_train=n_ctx,
+            n_vocab=VOCAB,
+            chat_template=None,
+            bos_token="<s>",
+            eos_token="</s>",
+            add_bos=True,
         )
         self._delay = token_delay
         self._adapters: dict[str, Path] = {}
@@ -64,7 +78,7 @@ class Engine(base.Engine):
         asked = ""
         for line in text.splitlines():
             if line.startswith("User: "):
-                asked = line[len("User: "):]
+                asked = line[len("User: ") :]
         reply = f"You said: {asked}" if asked else "Hello."
         if adapter:
             reply = f"[{adapter}] {reply}"
@@ -73,8 +87,7 @@ class Engine(base.Engine):
     def _check(self, n: int, adapter: str | None) -> None:
         if n >= self._info.n_ctx:
             raise ContextLengthExceeded(
-                f"This model's context is {self._info.n_ctx} tokens and the request needs {n}: "
-                "shorten the messages."
+                f"This model's context is {self._info.n_ctx} tokens and the request needs {n}: shorten the messages."
             )
         if adapter is not None and adapter not in self._adapters:
             raise AdapterError(f"adapter {adapter!r} is not loaded")
@@ -114,8 +127,9 @@ class Engine(base.Engine):
                 return
             yield base.SampledToken(tok, _piece(tok), float(lp[tok]))
 
-    def score(self, prompt_ids, target_ids, *, top_k=0, adapter=None, at_ids=None,
-              cancel=None, slot=0, reuse_cache=True) -> base.ScoreResult:  # no cache: always fresh
+    def score(
+        self, prompt_ids, target_ids, *, top_k=0, adapter=None, at_ids=None, cancel=None, slot=0, reuse_cache=True
+    ) -> base.ScoreResult:  # no cache: always fresh
         if not prompt_ids or not target_ids:
             raise ValueError("score needs a non-empty prompt and target")
         if cancel is not None and cancel.is_set():
@@ -152,4 +166,3 @@ class Engine(base.Engine):
 
 def _piece(tok: int) -> bytes:
     return bytes([tok]) if tok < 256 else b""
-

@@ -34,8 +34,10 @@ _BACKGROUND_CHUNK = 32
 _backend_ready = False
 _log_callback = None  # kept referenced: C holds a pointer to it
 # What llama.cpp logs as errors when we abort a background decode on purpose.
-_ABORT_NOISE = re.compile(rb"compute_async failed with error 1|failed to compute graph, compute status: 1|"
-                          rb"failed to decode, ret = 2")
+_ABORT_NOISE = re.compile(
+    rb"compute_async failed with error 1|failed to compute graph, compute status: 1|"
+    rb"failed to decode, ret = 2"
+)
 
 
 def _llama():
@@ -70,10 +72,8 @@ def check_gguf_file(path: Path, what: str = "model") -> None:
         magic = f.read(4)
     if magic != b"GGUF":
         raise ModelLoadError(
-            f"{path} is not a GGUF file (bad magic {magic!r}): point model.path at a .gguf file "
-            "or re-download it"
+            f"{path} is not a GGUF file (bad magic {magic!r}): point model.path at a .gguf file or re-download it"
         )
-
 
 
 def vocab_tokenize(lc, vocab, text: str, *, add_bos: bool, special: bool) -> list[int]:
@@ -96,6 +96,7 @@ def vocab_piece(lc, vocab, tok: int, buf, *, special: bool) -> bytes:
         buf = ctypes.create_string_buffer(-n)
         n = lc.llama_token_to_piece(vocab, tok, buf, len(buf), 0, special)
     return buf.raw[:n]
+
 
 class Engine(base.Engine):
     name = "llamacpp"
@@ -323,8 +324,7 @@ class Engine(base.Engine):
     def load_adapter(self, adapter_id: str, path: Path) -> None:
         path = Path(path)
         if not path.is_file():
-            raise AdapterError(f"adapter file {path} does not exist: check the adapter id, or "
-                               "re-export the adapter")
+            raise AdapterError(f"adapter file {path} does not exist: check the adapter id, or re-export the adapter")
         with path.open("rb") as f:
             if f.read(4) != b"GGUF":
                 raise AdapterError(f"{path} is not a GGUF LoRA adapter file")
@@ -486,8 +486,7 @@ class Engine(base.Engine):
                     top_lps[j] = row[idx] - lse
                 at_lps[j] = row[at[j]] - lse
             pos += len(chunk)
-        return base.ScoreResult(logprobs=logprobs, top_ids=top_ids, top_logprobs=top_lps,
-                                at_logprobs=at_lps)
+        return base.ScoreResult(logprobs=logprobs, top_ids=top_ids, top_logprobs=top_lps, at_logprobs=at_lps)
 
     def close(self) -> None:
         lc = self._lc

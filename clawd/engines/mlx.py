@@ -65,8 +65,9 @@ class _Slot:
 class Engine(base.Engine):
     name = "mlx"
 
-    def __init__(self, model_path: Path, *, n_ctx: int = 4096, top_k: int = 40, model_id: str = "",
-                 cache_dir: Path | None = None):
+    def __init__(
+        self, model_path: Path, *, n_ctx: int = 4096, top_k: int = 40, model_id: str = "", cache_dir: Path | None = None
+    ):
         """
         Args:
             model_path: an MLX / HF model directory, or a GGUF file.
@@ -86,8 +87,9 @@ class Engine(base.Engine):
         elif model_path.is_file():
             self._model, self._vocab, arch, n_ctx_train = _load_gguf(model_path, cache_dir)
         else:
-            raise ModelLoadError(f"model {model_path} does not exist: set model.path to a GGUF file or an "
-                                 "MLX model directory")
+            raise ModelLoadError(
+                f"model {model_path} does not exist: set model.path to a GGUF file or an MLX model directory"
+            )
         self._n_vocab = int(self._model.args.vocab_size)
         model_type = getattr(self._model, "model_type", None)
         if model_type in _SPLIT_HEAD_TYPES and "model" in self._model:
@@ -104,9 +106,15 @@ class Engine(base.Engine):
         n_ctx = min(n_ctx, n_ctx_train) if n_ctx_train > 0 else n_ctx
         self._info = base.ModelInfo(
             id=model_id or (model_path.name if model_path.is_dir() else model_path.stem),
-            path=model_path, architecture=arch, n_ctx=n_ctx, n_ctx_train=n_ctx_train or n_ctx,
-            n_vocab=self._n_vocab, chat_template=self._vocab.chat_template, bos_token=self._vocab.bos_text,
-            eos_token=self._vocab.eos_text, add_bos=self._vocab.add_bos,
+            path=model_path,
+            architecture=arch,
+            n_ctx=n_ctx,
+            n_ctx_train=n_ctx_train or n_ctx,
+            n_vocab=self._n_vocab,
+            chat_template=self._vocab.chat_template,
+            bos_token=self._vocab.bos_text,
+            eos_token=self._vocab.eos_text,
+            add_bos=self._vocab.add_bos,
             metadata=dict(self._vocab.metadata),
         )
 
@@ -377,8 +385,10 @@ def _load_dir(path: Path):
     try:
         config = read_model_config(path)
     except (OSError, ValueError) as e:
-        raise ModelLoadError(f"{path} is not an MLX/HF model directory (no readable config.json: {e}); "
-                             "point model.path at one, or at a GGUF file") from e
+        raise ModelLoadError(
+            f"{path} is not an MLX/HF model directory (no readable config.json: {e}); "
+            "point model.path at one, or at a GGUF file"
+        ) from e
     model_type = config.get("model_type")
     try:
         if model_type in ARCH_BY_MODEL_TYPE:

@@ -60,8 +60,10 @@ def adapter_dir(path: Path) -> Path:
         return path
     if path.parent.is_dir() and (path.parent / ADAPTER_FILE).is_file():
         return path.parent
-    raise AdapterError(f"adapter {path} does not exist (or has no {ADAPTER_FILE} beside it): check the "
-                       "adapter id, or retrain the adapter")
+    raise AdapterError(
+        f"adapter {path} does not exist (or has no {ADAPTER_FILE} beside it): check the "
+        "adapter id, or retrain the adapter"
+    )
 
 
 def _dims(linear: nn.Module) -> tuple[int, int]:
@@ -118,8 +120,10 @@ class LoRASwitch:
             elif not isinstance(layer, (nn.Linear, nn.QuantizedLinear)):
                 problems.append(f"{module}: the model has no linear layer there")
             elif a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[0] or (a.shape[0], b.shape[1]) != _dims(layer):
-                problems.append(f"{module}: LoRA shapes {tuple(a.shape)} / {tuple(b.shape)} do not fit the layer "
-                                f"(in, out) = {_dims(layer)}")
+                problems.append(
+                    f"{module}: LoRA shapes {tuple(a.shape)} / {tuple(b.shape)} do not fit the layer "
+                    f"(in, out) = {_dims(layer)}"
+                )
             else:
                 deltas[module] = (a, b)
         if not deltas and not problems:

@@ -79,9 +79,17 @@ class _LlamaServerOrVllm(_Tokenizer):
     name = "/tokenize"
 
     def tokenize(self, text: str, add_special: bool) -> list[int]:
-        out = self._post("/tokenize", {"content": text, "prompt": text, "model": self.model,
-                                       "add_special": add_special, "add_special_tokens": add_special,
-                                       "parse_special": True})
+        out = self._post(
+            "/tokenize",
+            {
+                "content": text,
+                "prompt": text,
+                "model": self.model,
+                "add_special": add_special,
+                "add_special_tokens": add_special,
+                "parse_special": True,
+            },
+        )
         return [t if isinstance(t, int) else t["id"] for t in out["tokens"]]
 
     def detokenize(self, ids: Sequence[int]) -> str:
@@ -103,11 +111,23 @@ class _LlamaCppPython(_Tokenizer):
 class Engine(base.Engine):
     name = "openai"
 
-    def __init__(self, base_url: str, *, model: str = "", api_key: str = "", n_ctx: int = 4096,
-                 top_k: int = 40, timeout_s: float = 600.0, model_id: str = "", **_ignored):
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        model: str = "",
+        api_key: str = "",
+        n_ctx: int = 4096,
+        top_k: int = 40,
+        timeout_s: float = 600.0,
+        model_id: str = "",
+        **_ignored,
+    ):
         if not base_url.startswith(("http://", "https://")):
-            raise ModelLoadError(f"model.base_url {base_url!r} is not an http(s) URL: set it to the upstream's "
-                                 "OpenAI base URL, e.g. http://127.0.0.1:8080/v1")
+            raise ModelLoadError(
+                f"model.base_url {base_url!r} is not an http(s) URL: set it to the upstream's "
+                "OpenAI base URL, e.g. http://127.0.0.1:8080/v1"
+            )
         self._base = base_url.rstrip("/")
         self._top_k = top_k
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
@@ -122,14 +142,24 @@ class Engine(base.Engine):
         self._piece_ids: dict[bytes, int] = {}
         n_ctx = min(n_ctx, meta["n_ctx"]) if meta.get("n_ctx") else n_ctx
         self._info = base.ModelInfo(
-            id=model_id or self._model, path=Path(self._base), architecture=meta.get("architecture", "upstream"),
-            n_ctx=n_ctx, n_ctx_train=max(n_ctx, meta.get("n_ctx_train") or 0), n_vocab=meta.get("n_vocab") or 0,
-            chat_template=meta.get("chat_template"), bos_token=meta.get("bos_token", ""),
-            eos_token=meta.get("eos_token", ""), add_bos=self._bos_id is not None,
+            id=model_id or self._model,
+            path=Path(self._base),
+            architecture=meta.get("architecture", "upstream"),
+            n_ctx=n_ctx,
+            n_ctx_train=max(n_ctx, meta.get("n_ctx_train") or 0),
+            n_vocab=meta.get("n_vocab") or 0,
+            chat_template=meta.get("chat_template"),
+            bos_token=meta.get("bos_token", ""),
+            eos_token=meta.get("eos_token", ""),
+            add_bos=self._bos_id is not None,
             metadata={"base_url": self._base, "upstream_model": self._model, "tokenizer": self._tok.name},
         )
-        self.capabilities = {"tokenize": self._tok.name, "token_ids": "probed per response",
-                             "score": "echo + logprobs, exact text round trips only", "adapters": "none at runtime"}
+        self.capabilities = {
+            "tokenize": self._tok.name,
+            "token_ids": "probed per response",
+            "score": "echo + logprobs, exact text round trips only",
+            "adapters": "none at runtime",
+        }
 
     # ---- start-up probes -------------------------------------------------------------
 
@@ -137,19 +167,23 @@ class Engine(base.Engine):
         try:
             return self._http.get(url)
         except httpx.HTTPError as e:
-            raise ModelLoadError(f"cannot reach the upstream at {self._base} ({e or type(e).__name__}): "
-                                 "start it, or fix model.base_url") from e
+            raise ModelLoadError(
+                f"cannot reach the upstream at {self._base} ({e or type(e).__name__}): start it, or fix model.base_url"
+            ) from e
 
     def _pick_model(self, wanted: str) -> str:
         r = self._get(self._base + "/models")
         if r.status_code != 200:
-            raise ModelLoadError(f"{self._base}/models answered HTTP {r.status_code}: is model.base_url the "
-                                 "upstream's OpenAI base (ending in /v1), and model.api_key right?")
+            raise ModelLoadError(
+                f"{self._base}/models answered HTTP {r.status_code}: is model.base_url the "
+                "upstream's OpenAI base (ending in /v1), and model.api_key right?"
+            )
         ids = [m["id"] for m in r.json().get("data", [])]
         if wanted:
             if wanted not in ids:
-                raise ModelLoadError(f"the upstream serves {', '.join(ids) or 'no models'}, not {wanted!r}: "
-                                     "fix model.name")
+                raise ModelLoadError(
+                    f"the upstream serves {', '.join(ids) or 'no models'}, not {wanted!r}: fix model.name"
+                )
             return wanted
         if not ids:
             raise ModelLoadError(f"the upstream at {self._base} lists no models: load one there first")
@@ -182,9 +216,11 @@ class Engine(base.Engine):
                     return tok
             except (httpx.HTTPError, KeyError, TypeError, ValueError) as e:
                 tried.append(f"{cls.name} ({type(e).__name__})")
-        raise ModelLoadError(f"the upstream at {_root(self._base)} has no tokenize endpoint (tried "
-                             f"{', '.join(tried)}); clawd logs token ids, so it needs llama-server, vLLM, "
-                             "SGLang or llama-cpp-python's server")
+        raise ModelLoadError(
+            f"the upstream at {_root(self._base)} has no tokenize endpoint (tried "
+            f"{', '.join(tried)}); clawd logs token ids, so it needs llama-server, vLLM, "
+            "SGLang or llama-cpp-python's server"
+        )
 
     # ---- facts and tokens ------------------------------------------------------------
 
@@ -251,25 +287,38 @@ class Engine(base.Engine):
 
     def _check_fits(self, n: int) -> None:
         if n >= self._info.n_ctx:
-            raise ContextLengthExceeded(f"This model's context is {self._info.n_ctx} tokens and the request "
-                                        f"needs {n}: shorten the messages (or raise model.n_ctx).")
+            raise ContextLengthExceeded(
+                f"This model's context is {self._info.n_ctx} tokens and the request "
+                f"needs {n}: shorten the messages (or raise model.n_ctx)."
+            )
 
     # ---- generation --------------------------------------------------------------------
 
     def generate(self, prompt_ids, params, *, adapter=None, cancel=None, slot=0) -> Iterator[base.SampledToken]:
         if adapter is not None:
-            raise AdapterError(f"adapter {adapter!r} is not loaded: the openai engine cannot load adapters "
-                               "into the upstream")
+            raise AdapterError(
+                f"adapter {adapter!r} is not loaded: the openai engine cannot load adapters into the upstream"
+            )
         # One context cell stays free: llama_cpp.server fails (and shuts down) when prompt + max_tokens
         # reaches n_ctx exactly, and servers may count the prompt one token differently (BOS).
         self._check_fits(len(prompt_ids) + 1)
         budget = min(params.max_tokens, self._info.n_ctx - 1 - len(prompt_ids))
-        body = {"model": self._model, "prompt": self._text_of(prompt_ids), "max_tokens": budget,
-                "temperature": params.temperature, "top_p": params.top_p, "stream": True,
-                "logprobs": 1, "return_tokens_as_token_ids": True,
-                # The same sampler as the llamacpp engine: no penalties or min-p that servers
-                # default to (llama-cpp-python: repeat_penalty 1.1, min_p 0.05).
-                "top_k": self._top_k, "min_p": 0.0, "repeat_penalty": 1.0, "repetition_penalty": 1.0}
+        body = {
+            "model": self._model,
+            "prompt": self._text_of(prompt_ids),
+            "max_tokens": budget,
+            "temperature": params.temperature,
+            "top_p": params.top_p,
+            "stream": True,
+            "logprobs": 1,
+            "return_tokens_as_token_ids": True,
+            # The same sampler as the llamacpp engine: no penalties or min-p that servers
+            # default to (llama-cpp-python: repeat_penalty 1.1, min_p 0.05).
+            "top_k": self._top_k,
+            "min_p": 0.0,
+            "repeat_penalty": 1.0,
+            "repetition_penalty": 1.0,
+        }
         if params.seed is not None:
             body["seed"] = params.seed
         return self._stream(body, budget, cancel)
@@ -308,21 +357,26 @@ class Engine(base.Engine):
                 return
             yield base.SampledToken(self._id_of(entry, piece), piece, logprob)
         if ended:
-            yield base.SampledToken(self._eos_id if self._eos_id is not None else UNKNOWN_ID, b"", math.nan,
-                                    is_end=True)
+            yield base.SampledToken(
+                self._eos_id if self._eos_id is not None else UNKNOWN_ID, b"", math.nan, is_end=True
+            )
 
     def _entries(self, choice: dict) -> Iterator[tuple[dict, bytes, float]]:
         """(entry, piece bytes, log-prob) per token of one streamed choice."""
         lp = choice.get("logprobs")
         if lp is None:
             if choice.get("text"):
-                raise EngineError("the upstream returned no log-probs; clawd logs them per token: enable "
-                                  "logprobs on the upstream (vLLM: --max-logprobs)")
+                raise EngineError(
+                    "the upstream returned no log-probs; clawd logs them per token: enable "
+                    "logprobs on the upstream (vLLM: --max-logprobs)"
+                )
             return
         if "content" in lp:  # chat-style entries (llama-server): token, logprob, bytes, id
             entries = lp["content"] or []
         else:  # legacy completions: parallel lists
-            entries = [{"token": t, "logprob": p} for t, p in zip(lp.get("tokens") or [], lp.get("token_logprobs") or [])]
+            entries = [
+                {"token": t, "logprob": p} for t, p in zip(lp.get("tokens") or [], lp.get("token_logprobs") or [])
+            ]
         for e in entries:
             piece = bytes(e["bytes"]) if e.get("bytes") is not None else str(e.get("token", "")).encode("utf-8")
             if str(e.get("token", "")).startswith("token_id:"):
@@ -342,28 +396,41 @@ class Engine(base.Engine):
 
     # ---- scoring -----------------------------------------------------------------------
 
-    def score(self, prompt_ids, target_ids, *, top_k=0, adapter=None, at_ids=None, cancel=None, slot=0,
-              reuse_cache=True) -> base.ScoreResult:
+    def score(
+        self, prompt_ids, target_ids, *, top_k=0, adapter=None, at_ids=None, cancel=None, slot=0, reuse_cache=True
+    ) -> base.ScoreResult:
         prompt_ids, target_ids = list(prompt_ids), list(target_ids)
         if not prompt_ids or not target_ids:
             raise ValueError("score needs a non-empty prompt and target")
         if adapter is not None:
-            raise AdapterError(f"adapter {adapter!r} is not loaded: the openai engine cannot load adapters "
-                               "into the upstream")
+            raise AdapterError(
+                f"adapter {adapter!r} is not loaded: the openai engine cannot load adapters into the upstream"
+            )
         seq = prompt_ids + target_ids
         self._check_fits(len(seq) - 1)
         if UNKNOWN_ID in seq:
-            raise EngineError("cannot score tokens the upstream did not identify (id -1): not supported by "
-                              "this upstream")
+            raise EngineError(
+                "cannot score tokens the upstream did not identify (id -1): not supported by this upstream"
+            )
         n = len(target_ids)
         at = base.check_at_ids(at_ids, n)
         text = self.detokenize(seq[1:] if self._bos_id is not None and seq[0] == self._bos_id else seq)
         if self.tokenize(text, add_bos=seq[0] == self._bos_id) != seq:
-            raise EngineError("scoring exact token ids is not supported by this upstream: it re-reads text, and "
-                              "these ids do not survive the round trip (use vLLM or llama-server, or "
-                              "mining.judge = rules)")
-        body = {"model": self._model, "prompt": text, "max_tokens": 1, "temperature": 0.0, "echo": True,
-                "logprobs": max(top_k, 1), "repeat_penalty": 1.0, "repetition_penalty": 1.0}
+            raise EngineError(
+                "scoring exact token ids is not supported by this upstream: it re-reads text, and "
+                "these ids do not survive the round trip (use vLLM or llama-server, or "
+                "mining.judge = rules)"
+            )
+        body = {
+            "model": self._model,
+            "prompt": text,
+            "max_tokens": 1,
+            "temperature": 0.0,
+            "echo": True,
+            "logprobs": max(top_k, 1),
+            "repeat_penalty": 1.0,
+            "repetition_penalty": 1.0,
+        }
         r = self._call(self._http.post, self._base + "/completions", json=body)
         if r.status_code >= 400:
             raise self._upstream_error(r)
@@ -371,10 +438,12 @@ class Engine(base.Engine):
         echoed = lp.get("token_logprobs") or []
         tops = lp.get("top_logprobs") or []
         first = len(seq) - n - (1 if seq[0] == self._bos_id else 0)  # index of target 0 in the echo
-        if len(echoed) < first + n or any(v is None for v in echoed[first:first + n]):
-            raise EngineError("the upstream's prompt echo has no log-probs for these tokens: scoring is not "
-                              "supported by this upstream")
-        logprobs = np.asarray(echoed[first:first + n], np.float32)
+        if len(echoed) < first + n or any(v is None for v in echoed[first : first + n]):
+            raise EngineError(
+                "the upstream's prompt echo has no log-probs for these tokens: scoring is not "
+                "supported by this upstream"
+            )
+        logprobs = np.asarray(echoed[first : first + n], np.float32)
         top_ids = np.empty((n, top_k), np.int32)
         top_lps = np.empty((n, top_k), np.float32)
         at_lps = np.empty(at.shape, np.float32)
@@ -383,8 +452,9 @@ class Engine(base.Engine):
                 by_id = self._ids_of_top(tops[first + j] or {})
                 ranked = sorted(by_id.items(), key=lambda kv: -kv[1])[:top_k]
                 if len(ranked) < top_k or any(int(a) not in by_id for a in at[j]):
-                    raise EngineError("top-k scoring needs token ids the upstream does not report: not "
-                                      "supported by this upstream")
+                    raise EngineError(
+                        "top-k scoring needs token ids the upstream does not report: not supported by this upstream"
+                    )
                 top_ids[j] = [i for i, _ in ranked]
                 top_lps[j] = [v for _, v in ranked]
                 at_lps[j] = [by_id[int(a)] for a in at[j]]
@@ -405,7 +475,8 @@ class Engine(base.Engine):
         raise AdapterError(
             f"the openai engine cannot load adapter {path} into the upstream at runtime: export it "
             "(`clawd adapters export ID --format peft` for vLLM / SGLang `POST /v1/load_lora_adapter`, "
-            "`--format gguf` for `llama-server --lora FILE`) and load it there")
+            "`--format gguf` for `llama-server --lora FILE`) and load it there"
+        )
 
     def unload_adapter(self, adapter_id: str) -> None:
         return None  # nothing is ever loaded
@@ -423,7 +494,7 @@ def _sse(lines: Iterator[str]) -> Iterator[dict]:
     for line in lines:
         if not line.startswith("data:"):
             continue
-        data = line[len("data:"):].strip()
+        data = line[len("data:") :].strip()
         if data == "[DONE]":
             return
         if data:

@@ -140,8 +140,13 @@ class EngineRunner:
         return await asyncio.shield(job)
 
     async def generate(
-        self, prompt_ids: Sequence[int], params: SamplingParams, *,
-        adapter: str | None, cancel: threading.Event, background: bool = False,
+        self,
+        prompt_ids: Sequence[int],
+        params: SamplingParams,
+        *,
+        adapter: str | None,
+        cancel: threading.Event,
+        background: bool = False,
     ) -> AsyncIterator[SampledToken]:
         """Stream tokens from the engine thread. Setting `cancel` (or closing this
         iterator) stops generation before the next token. Background generation that
@@ -152,8 +157,9 @@ class EngineRunner:
 
         def work() -> None:
             try:
-                for tok in self.engine.generate(prompt_ids, params, adapter=adapter, cancel=cancel,
-                                                slot=1 if background else 0):
+                for tok in self.engine.generate(
+                    prompt_ids, params, adapter=adapter, cancel=cancel, slot=1 if background else 0
+                ):
                     loop.call_soon_threadsafe(queue.put_nowait, tok)
                     if cancel.is_set():
                         break

@@ -40,10 +40,21 @@ class AdapterRecord:
 
 def _from_row(r) -> AdapterRecord:
     return AdapterRecord(
-        id=r["id"], path=r["path"], model=r["model"], status=r["status"], parent_id=r["parent_id"],
-        previous_id=r["previous_id"], signals=json.loads(r["signals_json"]), holdout=json.loads(r["holdout_json"]),
-        metrics=json.loads(r["metrics_json"]), gate=json.loads(r["gate_json"]), note=r["note"],
-        forgotten=bool(r["forgotten"]), created_at=r["created_at"], updated_at=r["updated_at"])
+        id=r["id"],
+        path=r["path"],
+        model=r["model"],
+        status=r["status"],
+        parent_id=r["parent_id"],
+        previous_id=r["previous_id"],
+        signals=json.loads(r["signals_json"]),
+        holdout=json.loads(r["holdout_json"]),
+        metrics=json.loads(r["metrics_json"]),
+        gate=json.loads(r["gate_json"]),
+        note=r["note"],
+        forgotten=bool(r["forgotten"]),
+        created_at=r["created_at"],
+        updated_at=r["updated_at"],
+    )
 
 
 async def insert(db: Database, rec: AdapterRecord) -> None:
@@ -55,9 +66,23 @@ async def insert(db: Database, rec: AdapterRecord) -> None:
             "INSERT INTO adapters (id, parent_id, previous_id, created_at, updated_at, status, path, model,"
             " signals_json, holdout_json, metrics_json, gate_json, note, forgotten)"
             " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (rec.id, rec.parent_id, rec.previous_id, rec.created_at, rec.updated_at, rec.status, rec.path,
-             rec.model, json.dumps(rec.signals), json.dumps(rec.holdout), json.dumps(rec.metrics),
-             json.dumps(rec.gate), rec.note, int(rec.forgotten)))
+            (
+                rec.id,
+                rec.parent_id,
+                rec.previous_id,
+                rec.created_at,
+                rec.updated_at,
+                rec.status,
+                rec.path,
+                rec.model,
+                json.dumps(rec.signals),
+                json.dumps(rec.holdout),
+                json.dumps(rec.metrics),
+                json.dumps(rec.gate),
+                rec.note,
+                int(rec.forgotten),
+            ),
+        )
 
 
 async def get(db: Database, adapter_id: str) -> AdapterRecord | None:
@@ -88,11 +113,13 @@ async def activate(db: Database, adapter_id: str | None, *, previous_id: str | N
     async with db.transaction():
         await db.conn.execute(
             "UPDATE adapters SET status = 'retired', note = COALESCE(?, note), updated_at = ? WHERE status = 'active'",
-            (note, now))
+            (note, now),
+        )
         if adapter_id is not None:
             cur = await db.conn.execute(
                 "UPDATE adapters SET status = 'active', previous_id = ?, note = NULL, updated_at = ? WHERE id = ?",
-                (previous_id, now, adapter_id))
+                (previous_id, now, adapter_id),
+            )
             if cur.rowcount != 1:
                 raise KeyError(adapter_id)
 
@@ -101,14 +128,18 @@ async def set_status(db: Database, adapter_id: str, status: str, note: str | Non
     if status not in STATUSES or status == "active":
         raise ValueError(f"use activate() to activate; status must be one of {STATUSES}")
     async with db.transaction():
-        await db.conn.execute("UPDATE adapters SET status = ?, note = ?, updated_at = ? WHERE id = ?",
-                              (status, note, time.time(), adapter_id))
+        await db.conn.execute(
+            "UPDATE adapters SET status = ?, note = ?, updated_at = ? WHERE id = ?",
+            (status, note, time.time(), adapter_id),
+        )
 
 
 async def set_gate(db: Database, adapter_id: str, gate: dict) -> None:
     async with db.transaction():
-        await db.conn.execute("UPDATE adapters SET gate_json = ?, updated_at = ? WHERE id = ?",
-                              (json.dumps(gate), time.time(), adapter_id))
+        await db.conn.execute(
+            "UPDATE adapters SET gate_json = ?, updated_at = ? WHERE id = ?",
+            (json.dumps(gate), time.time(), adapter_id),
+        )
 
 
 async def mark_forgotten(db: Database, adapter_ids: list[str], note: str) -> None:
@@ -116,11 +147,13 @@ async def mark_forgotten(db: Database, adapter_ids: list[str], note: str) -> Non
     async with db.transaction():
         await db.conn.executemany(
             "UPDATE adapters SET status = 'retired', forgotten = 1, note = ?, updated_at = ? WHERE id = ?",
-            [(note, time.time(), a) for a in adapter_ids])
+            [(note, time.time(), a) for a in adapter_ids],
+        )
 
 
 async def trained_turns(db: Database) -> set[str]:
     """Turn ids already used by an adapter that was not rejected (rejected runs free theirs)."""
     rows = await db.conn.execute_fetchall(
-        "SELECT signals_json FROM adapters WHERE status != 'rejected' AND forgotten = 0")
+        "SELECT signals_json FROM adapters WHERE status != 'rejected' AND forgotten = 0"
+    )
     return {t for r in rows for t in json.loads(r[0])}

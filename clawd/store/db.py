@@ -25,7 +25,15 @@ BUSY_TIMEOUT_MS = 5000
 
 # sqlite3 primary result codes (sqlite_errorcode & 0xFF)
 _PERM, _BUSY, _LOCKED, _READONLY, _IOERR, _CORRUPT, _FULL, _CANTOPEN, _NOTADB = (
-    3, 5, 6, 8, 10, 11, 13, 14, 26,
+    3,
+    5,
+    6,
+    8,
+    10,
+    11,
+    13,
+    14,
+    26,
 )
 
 
@@ -63,8 +71,7 @@ class Database:
             path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise DatabaseUnavailable(
-                f"Cannot create the directory {path.parent} ({e.strerror}). "
-                "Point CLAWD_HOME at a writable directory."
+                f"Cannot create the directory {path.parent} ({e.strerror}). Point CLAWD_HOME at a writable directory."
             ) from e
         if path.is_dir():
             raise DatabaseUnavailable(f"{path} is a directory, not a database file. Move it aside.")
@@ -191,8 +198,7 @@ def _explain(path: Path, e: sqlite3.Error) -> DatabaseUnavailable:
         )
     elif code in (_BUSY, _LOCKED):
         msg = (
-            f"{path} is locked by another process ({e}). Stop the other clawd "
-            "(`clawd status` shows it) and try again."
+            f"{path} is locked by another process ({e}). Stop the other clawd (`clawd status` shows it) and try again."
         )
     elif code in (_PERM, _READONLY, _CANTOPEN, _IOERR, _FULL):
         msg = (

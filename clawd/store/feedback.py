@@ -25,15 +25,17 @@ class Feedback:
     created_at: float
 
 
-async def add(db: Database, turn_id: str, kind: str, *, text: str | None = None, source: str = "api",
-              raw: object = None) -> Feedback:
+async def add(
+    db: Database, turn_id: str, kind: str, *, text: str | None = None, source: str = "api", raw: object = None
+) -> Feedback:
     if kind not in KINDS:
         raise ValueError(f"feedback kind must be one of {KINDS}, got {kind!r}")
     now = time.time()
     async with db.transaction():
         cur = await db.conn.execute(
             "INSERT INTO feedback (turn_id, kind, text, source, created_at, raw_json) VALUES (?, ?, ?, ?, ?, ?)",
-            (turn_id, kind, text, source, now, json.dumps(raw) if raw is not None else None))
+            (turn_id, kind, text, source, now, json.dumps(raw) if raw is not None else None),
+        )
         fid = cur.lastrowid
     return Feedback(fid, turn_id, kind, text, source, now)
 
@@ -41,6 +43,6 @@ async def add(db: Database, turn_id: str, kind: str, *, text: str | None = None,
 async def for_turn(db: Database, turn_id: str) -> list[Feedback]:
     """Oldest first, so the newest thumb is the last one."""
     rows = await db.conn.execute_fetchall(
-        "SELECT id, turn_id, kind, text, source, created_at FROM feedback WHERE turn_id = ? ORDER BY id",
-        (turn_id,))
+        "SELECT id, turn_id, kind, text, source, created_at FROM feedback WHERE turn_id = ? ORDER BY id", (turn_id,)
+    )
     return [Feedback(*tuple(r)) for r in rows]

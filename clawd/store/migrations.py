@@ -212,8 +212,7 @@ async def migrate(conn: aiosqlite.Connection) -> list[str]:
 def _migrate_sync(conn: sqlite3.Connection) -> list[str]:
     _check_is_ours(conn)
     conn.execute(
-        "CREATE TABLE IF NOT EXISTS migrations ("
-        " id INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at REAL NOT NULL)"
+        "CREATE TABLE IF NOT EXISTS migrations ( id INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at REAL NOT NULL)"
     )
     known = {migration_id(fn): fn.__name__ for fn in MIGRATIONS}
     applied_now: list[str] = []
@@ -249,10 +248,7 @@ def _check_is_ours(conn: sqlite3.Connection) -> None:
     # Tables but no `migrations` table: another program's database. Migrating it would
     # fail half-way on a name clash or silently mix clawd's tables into it.
     tables = [
-        r[0]
-        for r in conn.execute(
-            "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'"
-        )
+        r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'")
     ]
     if tables and "migrations" not in tables:
         raise SchemaError(

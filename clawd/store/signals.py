@@ -67,17 +67,28 @@ def from_row(r) -> Signal:
         n = len(r["student_top_ids"]) // 4 // k
         n_k = (n, k)
     return Signal(
-        turn_id=r["turn_id"], session_id=r["session_id"], status=r["status"],
-        next_turn_id=r["next_turn_id"], next_state=r["next_state"], next_role=r["next_role"],
-        reward=r["reward"], reward_source=r["reward_source"],
-        votes=json.loads(r["votes_json"] or "[]"), hints=json.loads(r["hints_json"] or "[]"),
-        hint=r["hint"], top_k=r["top_k"],
+        turn_id=r["turn_id"],
+        session_id=r["session_id"],
+        status=r["status"],
+        next_turn_id=r["next_turn_id"],
+        next_state=r["next_state"],
+        next_role=r["next_role"],
+        reward=r["reward"],
+        reward_source=r["reward_source"],
+        votes=json.loads(r["votes_json"] or "[]"),
+        hints=json.loads(r["hints_json"] or "[]"),
+        hint=r["hint"],
+        top_k=r["top_k"],
         student_top_ids=unpack_array(r["student_top_ids"], np.int32, n_k) if n_k else None,
         student_top_logprobs=unpack_array(r["student_top_logprobs"], np.float32, n_k) if n_k else None,
         teacher_logprobs=unpack_array(r["teacher_logprobs"], np.float32, (n_k[0],)) if n_k else None,
         teacher_top_logprobs=unpack_array(r["teacher_top_logprobs"], np.float32, n_k) if n_k else None,
-        vetoed=bool(r["vetoed"]), attempts=r["attempts"], error=r["error"], retry_at=r["retry_at"],
-        created_at=r["created_at"], updated_at=r["updated_at"],
+        vetoed=bool(r["vetoed"]),
+        attempts=r["attempts"],
+        error=r["error"],
+        retry_at=r["retry_at"],
+        created_at=r["created_at"],
+        updated_at=r["updated_at"],
     )
 
 
@@ -91,7 +102,8 @@ async def create_missing(db: Database) -> int:
             " SELECT t.id, t.session_id, 'waiting', ?, ? FROM turns t"
             " LEFT JOIN signals s ON s.turn_id = t.id"
             " WHERE s.turn_id IS NULL AND t.turn_type = 'main' AND t.finish_reason IN ('stop', 'length')",
-            (now, now))
+            (now, now),
+        )
         return cur.rowcount
 
 
@@ -100,8 +112,9 @@ async def get(db: Database, turn_id: str) -> Signal | None:
     return from_row(rows[0]) if rows else None
 
 
-async def list_signals(db: Database, *, status: str | None = None, session_id: str | None = None,
-                       limit: int = 100) -> list[Signal]:
+async def list_signals(
+    db: Database, *, status: str | None = None, session_id: str | None = None, limit: int = 100
+) -> list[Signal]:
     where, args = [], []
     if status:
         where.append("status = ?")
@@ -118,14 +131,16 @@ async def due(db: Database, status: str, *, limit: int = 50, now: float | None =
     """Turn ids in `status` whose retry time has come, oldest first."""
     rows = await db.conn.execute_fetchall(
         "SELECT turn_id FROM signals WHERE status = ? AND retry_at <= ? ORDER BY created_at, rowid LIMIT ?",
-        (status, time.time() if now is None else now, limit))
+        (status, time.time() if now is None else now, limit),
+    )
     return [r[0] for r in rows]
 
 
 async def counts(db: Database) -> dict[str, int]:
     rows = await db.conn.execute_fetchall(
         "SELECT status, COUNT(*) FROM signals GROUP BY status UNION ALL"
-        " SELECT 'vetoed', COUNT(*) FROM signals WHERE vetoed = 1")
+        " SELECT 'vetoed', COUNT(*) FROM signals WHERE vetoed = 1"
+    )
     out = {s: 0 for s in (*STATUSES, "vetoed")}
     out.update({r[0]: r[1] for r in rows})
     return out
@@ -147,11 +162,29 @@ async def save(db: Database, sig: Signal, *, if_updated_at: float | None = None)
             " reward_source=?, votes_json=?, hints_json=?, hint=?, top_k=?, student_top_ids=?,"
             " student_top_logprobs=?, teacher_logprobs=?, teacher_top_logprobs=?, attempts=?, error=?,"
             " retry_at=?, updated_at=? WHERE turn_id=?" + guard,
-            (sig.status, sig.next_turn_id, sig.next_state, sig.next_role, sig.reward, sig.reward_source,
-             json.dumps(sig.votes), json.dumps(sig.hints), sig.hint, sig.top_k,
-             _blob(sig.student_top_ids), _blob(sig.student_top_logprobs), _blob(sig.teacher_logprobs),
-             _blob(sig.teacher_top_logprobs), sig.attempts, sig.error, sig.retry_at, sig.updated_at,
-             sig.turn_id, *guard_args))
+            (
+                sig.status,
+                sig.next_turn_id,
+                sig.next_state,
+                sig.next_role,
+                sig.reward,
+                sig.reward_source,
+                json.dumps(sig.votes),
+                json.dumps(sig.hints),
+                sig.hint,
+                sig.top_k,
+                _blob(sig.student_top_ids),
+                _blob(sig.student_top_logprobs),
+                _blob(sig.teacher_logprobs),
+                _blob(sig.teacher_top_logprobs),
+                sig.attempts,
+                sig.error,
+                sig.retry_at,
+                sig.updated_at,
+                sig.turn_id,
+                *guard_args,
+            ),
+        )
         return cur.rowcount == 1
 
 
@@ -160,13 +193,15 @@ async def reopen(db: Database, turn_id: str) -> None:
     async with db.transaction():
         await db.conn.execute(
             "UPDATE signals SET status = 'pending', retry_at = 0, updated_at = ? WHERE turn_id = ?",
-            (time.time(), turn_id))
+            (time.time(), turn_id),
+        )
 
 
 async def set_vetoed(db: Database, turn_id: str, vetoed: bool) -> bool:
     async with db.transaction():
-        cur = await db.conn.execute("UPDATE signals SET vetoed = ?, updated_at = ? WHERE turn_id = ?",
-                                    (int(vetoed), time.time(), turn_id))
+        cur = await db.conn.execute(
+            "UPDATE signals SET vetoed = ?, updated_at = ? WHERE turn_id = ?", (int(vetoed), time.time(), turn_id)
+        )
         return cur.rowcount == 1
 
 
@@ -175,7 +210,8 @@ async def record_forgotten(db: Database, session_id: str, turn_ids: list[str]) -
     async with db.transaction():
         await db.conn.executemany(
             "INSERT OR REPLACE INTO forgotten (turn_id, session_id, forgotten_at) VALUES (?, ?, ?)",
-            [(t, session_id, now) for t in turn_ids])
+            [(t, session_id, now) for t in turn_ids],
+        )
 
 
 async def forgotten_turns(db: Database) -> set[str]:
@@ -201,14 +237,16 @@ async def trainable_ids(db: Database, *, model: str | None = None, exclude: Iter
         f"SELECT turn_id FROM signals WHERE {TRAINABLE_WHERE} "
         "AND turn_id NOT IN (SELECT value FROM json_each(?)) "
         "AND (? IS NULL OR turn_id IN (SELECT id FROM turns WHERE model = ?)) "
-        "ORDER BY created_at, rowid", (json.dumps(sorted(exclude)), model, model))
+        "ORDER BY created_at, rowid",
+        (json.dumps(sorted(exclude)), model, model),
+    )
     return [r[0] for r in rows]
 
 
 async def get_many(db: Database, turn_ids: Sequence[str]) -> list[Signal]:
     """The signals of `turn_ids`, in that order (ids without a signal are skipped)."""
     rows = await db.conn.execute_fetchall(
-        "SELECT * FROM signals WHERE turn_id IN (SELECT value FROM json_each(?))", (json.dumps(list(turn_ids)),))
+        "SELECT * FROM signals WHERE turn_id IN (SELECT value FROM json_each(?))", (json.dumps(list(turn_ids)),)
+    )
     by_id = {r["turn_id"]: from_row(r) for r in rows}
     return [by_id[t] for t in turn_ids if t in by_id]
-

@@ -75,15 +75,30 @@ def _as_int_list(ids: Any) -> list[int]:
 
 
 _COLUMNS = (
-    "id", "session_id", "turn_type", "created_at", "request_json", "request_hash",
-    "continuation_hash", "prompt_text", "prompt_ids", "response_ids", "response_logprobs",
-    "response_text", "finish_reason", "sampling_json", "engine", "model", "adapter_id",
-    "chat_format", "timings_json", "requery_of", "client",
+    "id",
+    "session_id",
+    "turn_type",
+    "created_at",
+    "request_json",
+    "request_hash",
+    "continuation_hash",
+    "prompt_text",
+    "prompt_ids",
+    "response_ids",
+    "response_logprobs",
+    "response_text",
+    "finish_reason",
+    "sampling_json",
+    "engine",
+    "model",
+    "adapter_id",
+    "chat_format",
+    "timings_json",
+    "requery_of",
+    "client",
 )
 _SELECT = f"SELECT {', '.join(_COLUMNS)} FROM turns"
-_INSERT = (
-    f"INSERT INTO turns ({', '.join(_COLUMNS)}) VALUES ({', '.join('?' * len(_COLUMNS))})"
-)
+_INSERT = f"INSERT INTO turns ({', '.join(_COLUMNS)}) VALUES ({', '.join('?' * len(_COLUMNS))})"
 _NEWEST = "ORDER BY created_at DESC, rowid DESC"
 
 
@@ -98,8 +113,7 @@ def _to_row(rec: TurnRecord) -> tuple:
     if len(rec.response_logprobs) != len(rec.response_ids):
         # Training aligns them position by position; a mismatch is an engine bug.
         raise ValueError(
-            f"turn {rec.id}: {len(rec.response_ids)} response ids but "
-            f"{len(rec.response_logprobs)} logprobs"
+            f"turn {rec.id}: {len(rec.response_ids)} response ids but {len(rec.response_logprobs)} logprobs"
         )
     values = {
         "id": rec.id,
@@ -158,9 +172,7 @@ def from_row(r: Any) -> TurnRecord:
 # --- writes -------------------------------------------------------------------------
 
 
-async def ensure_session(
-    db: Database, session_id: str, *, source: str, title: str | None = None
-) -> bool:
+async def ensure_session(db: Database, session_id: str, *, source: str, title: str | None = None) -> bool:
     """Create the session if missing, else touch its updated_at (and fill a missing title).
 
     Returns:
@@ -170,9 +182,7 @@ async def ensure_session(
         return await _ensure_session(db, session_id, source=source, title=title, now=time.time())
 
 
-async def _ensure_session(
-    db: Database, session_id: str, *, source: str, title: str | None, now: float
-) -> bool:
+async def _ensure_session(db: Database, session_id: str, *, source: str, title: str | None, now: float) -> bool:
     if source not in SESSION_SOURCES:
         raise ValueError(f"session source must be one of {SESSION_SOURCES}, got {source!r}")
     async with db.conn.execute(
@@ -183,8 +193,7 @@ async def _ensure_session(
         if cur.rowcount == 1:
             return True
     await db.conn.execute(
-        "UPDATE sessions SET updated_at = MAX(updated_at, ?), title = COALESCE(title, ?)"
-        " WHERE id = ?",
+        "UPDATE sessions SET updated_at = MAX(updated_at, ?), title = COALESCE(title, ?) WHERE id = ?",
         (now, title, session_id),
     )
     return False
@@ -200,9 +209,7 @@ async def mark_session_done(db: Database, session_id: str) -> bool:
             return cur.rowcount == 1
 
 
-async def insert_turn(
-    db: Database, rec: TurnRecord, *, source: str = "new", title: str | None = None
-) -> None:
+async def insert_turn(db: Database, rec: TurnRecord, *, source: str = "new", title: str | None = None) -> None:
     """Store one turn, creating its session (with `source`) if it does not exist yet.
 
     One transaction: the turn and its session are visible together, and both are on

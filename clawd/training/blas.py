@@ -56,8 +56,18 @@ def _build_shim(lib: Path, cache_dir: Path) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
         tmp_so = Path(tmp) / out.name
-        cmd = [cc, "-O2", "-shared", "-fPIC", str(SHIM_SOURCE), "-o", str(tmp_so),
-               f"-L{lib.parent}", f"-l:{lib.name}", f"-Wl,-rpath,{lib.parent}"]
+        cmd = [
+            cc,
+            "-O2",
+            "-shared",
+            "-fPIC",
+            str(SHIM_SOURCE),
+            "-o",
+            str(tmp_so),
+            f"-L{lib.parent}",
+            f"-l:{lib.name}",
+            f"-Wl,-rpath,{lib.parent}",
+        ]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
             raise RuntimeError(f"building the BLAS shim failed: {proc.stderr.strip()[:300]}")

@@ -84,8 +84,9 @@ def advantages(top_old: np.ndarray, top_teacher: np.ndarray, delta_clip: float) 
     return w * np.clip(top_teacher - top_old, -delta_clip, delta_clip)
 
 
-def direction(lm, samples: list[Sample], active: dict, candidate: dict, k: int, delta_clip: float,
-              teacher: str = "base") -> dict:
+def direction(
+    lm, samples: list[Sample], active: dict, candidate: dict, k: int, delta_clip: float, teacher: str = "base"
+) -> dict:
     """Mean signalled-direction gain of the candidate over the active adapter."""
     gains = []
     for s in samples:
@@ -101,14 +102,17 @@ def direction(lm, samples: list[Sample], active: dict, candidate: dict, k: int, 
             gain += float((advantages(lp_active[:, 1:], top_teacher, delta_clip) * diff[:, 1:]).sum(axis=1).mean())
         gains.append(gain)
     set_lora_params(lm.model, candidate)
-    return {"n": len(gains), "gain": float(np.mean(gains)) if gains else None,
-            "improved": float(np.mean([g > 0 for g in gains])) if gains else None}
+    return {
+        "n": len(gains),
+        "gain": float(np.mean(gains)) if gains else None,
+        "improved": float(np.mean([g > 0 for g in gains])) if gains else None,
+    }
 
 
 def full_logprobs(lm, s: Sample) -> np.ndarray:
     """log-softmax over the whole vocabulary at each response position: (n, V)."""
     ids, n_prompt = tokens(s)
-    h = lm.hidden(ids[None, :-1])[0, n_prompt - 1:]
+    h = lm.hidden(ids[None, :-1])[0, n_prompt - 1 :]
     logits = lm.logits(h).astype(mx.float32)
     lp = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
     mx.eval(lp)

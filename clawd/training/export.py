@@ -56,8 +56,9 @@ def _write_json(path: Path, obj: dict) -> None:
 # ---- mlx-lm adapter directory ---------------------------------------------------------------
 
 
-def save_mlx_adapter(model, out_dir: Path, *, rank: int, scale: float, num_layers: int, keys: list[str],
-                     extra: dict | None = None) -> None:
+def save_mlx_adapter(
+    model, out_dir: Path, *, rank: int, scale: float, num_layers: int, keys: list[str], extra: dict | None = None
+) -> None:
     """adapters.safetensors (the lora_a / lora_b arrays only) + adapter_config.json, as mlx-lm
     writes them, so `mlx_lm.tuner.utils.load_adapters` and `mlx_lm.server` read the directory."""
     from mlx.utils import tree_flatten
@@ -67,8 +68,12 @@ def save_mlx_adapter(model, out_dir: Path, *, rank: int, scale: float, num_layer
     params = {k: v for k, v in tree_flatten(model.parameters()) if k.rsplit(".", 1)[-1] in _LORA_LEAVES}
     if not params:
         raise AdapterError("the model has no LoRA layers to save: attach LoRA before training")
-    config = {**(extra or {}), "fine_tune_type": "lora", "num_layers": num_layers,
-              "lora_parameters": {"rank": rank, "scale": scale, "dropout": 0.0, "keys": list(keys)}}
+    config = {
+        **(extra or {}),
+        "fine_tune_type": "lora",
+        "num_layers": num_layers,
+        "lora_parameters": {"rank": rank, "scale": scale, "dropout": 0.0, "keys": list(keys)},
+    }
     _save_safetensors(out_dir / ADAPTER_FILE, params)
     _write_json(out_dir / CONFIG_FILE, config)
 
@@ -81,11 +86,13 @@ def _read_mlx_adapter(adapter_dir: Path) -> tuple[dict, dict]:
         config = json.loads((adapter_dir / CONFIG_FILE).read_text())
         weights = mx.load(str(adapter_dir / ADAPTER_FILE))
     except (OSError, ValueError, RuntimeError) as e:
-        raise AdapterError(f"{adapter_dir} is not a readable mlx-lm adapter directory ({e}); "
-                           "retrain the adapter") from e
+        raise AdapterError(
+            f"{adapter_dir} is not a readable mlx-lm adapter directory ({e}); retrain the adapter"
+        ) from e
     if config.get("fine_tune_type", "lora") != "lora":
-        raise AdapterError(f"{adapter_dir}: fine_tune_type {config.get('fine_tune_type')!r} is not "
-                           "supported (plain LoRA only)")
+        raise AdapterError(
+            f"{adapter_dir}: fine_tune_type {config.get('fine_tune_type')!r} is not supported (plain LoRA only)"
+        )
     return config, weights
 
 
@@ -104,8 +111,11 @@ def load_mlx_adapter(model, adapter_dir: Path) -> dict:
     expected = {k: v.shape for k, v in tree_flatten(model.parameters()) if k.rsplit(".", 1)[-1] in _LORA_LEAVES}
     problems = [f"{k}: not a LoRA parameter of the model" for k in sorted(weights.keys() - expected.keys())]
     problems += [f"{k}: missing from the adapter" for k in sorted(expected.keys() - weights.keys())]
-    problems += [f"{k}: shape {tuple(weights[k].shape)} != model's {tuple(expected[k])}"
-                 for k in sorted(weights.keys() & expected.keys()) if weights[k].shape != expected[k]]
+    problems += [
+        f"{k}: shape {tuple(weights[k].shape)} != model's {tuple(expected[k])}"
+        for k in sorted(weights.keys() & expected.keys())
+        if weights[k].shape != expected[k]
+    ]
     if problems:
         raise AdapterError(f"adapter {adapter_dir} does not fit the model: " + "; ".join(problems))
     model.load_weights(list(weights.items()), strict=False)
@@ -234,15 +244,18 @@ def check_gguf_lora(adapter_path: Path, base_gguf: Path) -> list[str]:
         else:
             ok = len(w) == 2 and w[0] == a[0] and w[1] == b[1]
         if not ok:
-            problems.append(f"{name}: LoRA shapes A {_np_shape(a)} / B {_np_shape(b)} do not fit the base "
-                            f"tensor {_np_shape(w)} (numpy order; A must be (r, in), B (out, r))")
+            problems.append(
+                f"{name}: LoRA shapes A {_np_shape(a)} / B {_np_shape(b)} do not fit the base "
+                f"tensor {_np_shape(w)} (numpy order; A must be (r, in), B (out, r))"
+            )
         elif name != "token_embd.weight" and a[1] != b[0]:
             problems.append(f"{name}: rank disagreement, lora_a has rank {a[1]} but lora_b has {b[0]}")
     return problems
 
 
-def _paired(halves: dict[str, dict[str, tuple[int, ...]]], what: str,
-            problems: list[str]) -> dict[str, tuple[tuple[int, ...], tuple[int, ...]]]:
+def _paired(
+    halves: dict[str, dict[str, tuple[int, ...]]], what: str, problems: list[str]
+) -> dict[str, tuple[tuple[int, ...], tuple[int, ...]]]:
     """name -> (lora_a shape, lora_b shape) for the complete pairs among `halves` (name -> leaf ->
     shape); a missing half, or no LoRA tensor at all in `what`, is added to `problems`."""
     if not halves:
@@ -371,8 +384,10 @@ def check_mlx_lora(adapter_dir: Path, base_dir: Path) -> list[str]:
         if keys is not None and block_key not in keys:
             problems.append(f"{module}: {block_key} is not among {CONFIG_FILE}'s lora_parameters.keys {keys}")
         if len(a) != 2 or len(b) != 2 or (a[0], b[1]) != dims:
-            problems.append(f"{module}: LoRA shapes A {a} / B {b} do not fit the base layer (in, out) = {dims} "
-                            "(A must be (in, r), B (r, out))")
+            problems.append(
+                f"{module}: LoRA shapes A {a} / B {b} do not fit the base layer (in, out) = {dims} "
+                "(A must be (in, r), B (r, out))"
+            )
         elif a[1] != b[0]:
             problems.append(f"{module}: rank disagreement, lora_a has rank {a[1]} but lora_b has {b[0]}")
         elif rank is not None and a[1] != rank:
@@ -405,12 +420,23 @@ def mlx_to_peft(adapter_dir: Path, out_dir: Path, *, base_model: str) -> Path:
         if m:
             layers.add(int(m.group(1)))
     peft_config = {
-        "peft_type": "LORA", "task_type": "CAUSAL_LM", "r": rank, "lora_alpha": scale * rank,
-        "lora_dropout": float(lp.get("dropout", 0.0)), "bias": "none",
+        "peft_type": "LORA",
+        "task_type": "CAUSAL_LM",
+        "r": rank,
+        "lora_alpha": scale * rank,
+        "lora_dropout": float(lp.get("dropout", 0.0)),
+        "bias": "none",
         "target_modules": sorted({k.rsplit(".", 1)[-1] for k in lp["keys"]}),
-        "layers_to_transform": sorted(layers), "rank_pattern": {}, "alpha_pattern": {},
-        "use_rslora": False, "use_dora": False, "modules_to_save": None, "fan_in_fan_out": False,
-        "inference_mode": True, "base_model_name_or_path": base_model, "revision": None,
+        "layers_to_transform": sorted(layers),
+        "rank_pattern": {},
+        "alpha_pattern": {},
+        "use_rslora": False,
+        "use_dora": False,
+        "modules_to_save": None,
+        "fan_in_fan_out": False,
+        "inference_mode": True,
+        "base_model_name_or_path": base_model,
+        "revision": None,
     }
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

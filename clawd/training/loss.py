@@ -119,9 +119,8 @@ def _positions(lm, input_ids: mx.array, n_prompt: int) -> mx.array:
     Response token j sits at n_prompt + j and is predicted from position n_prompt + j − 1;
     the last input token predicts nothing, so it is not fed (causal: no other state changes)."""
     if n_prompt < 1 or input_ids.shape[0] <= n_prompt:
-        raise ValueError(f"need >= 1 prompt and >= 1 response token (n_prompt={n_prompt}, "
-                         f"total={input_ids.shape[0]})")
-    return lm.hidden(input_ids[None, :-1])[0, n_prompt - 1:]
+        raise ValueError(f"need >= 1 prompt and >= 1 response token (n_prompt={n_prompt}, total={input_ids.shape[0]})")
+    return lm.hidden(input_ids[None, :-1])[0, n_prompt - 1 :]
 
 
 def _chunk_logprobs(lm, h: mx.array, ids: mx.array) -> mx.array:
@@ -129,8 +128,9 @@ def _chunk_logprobs(lm, h: mx.array, ids: mx.array) -> mx.array:
     return mx.take_along_axis(logits, ids, axis=-1) - mx.logsumexp(logits, axis=-1, keepdims=True)
 
 
-def response_logprobs(lm, input_ids: mx.array, n_prompt: int, ids: mx.array, *, chunk: int = 64,
-                      checkpoint: bool = False) -> mx.array:
+def response_logprobs(
+    lm, input_ids: mx.array, n_prompt: int, ids: mx.array, *, chunk: int = 64, checkpoint: bool = False
+) -> mx.array:
     """log π(ids[j, :] | prefix) at each response position j: (n_resp, K'), differentiable.
 
     Logits are built only at response positions and `chunk` rows at a time. With
@@ -143,10 +143,11 @@ def response_logprobs(lm, input_ids: mx.array, n_prompt: int, ids: mx.array, *, 
         raise ValueError(f"ids has {ids.shape[0]} rows for {h.shape[0]} response tokens")
     parts = []
     for s in range(0, h.shape[0], chunk):
-        def fn(hc, ic=ids[s:s + chunk]):  # ids: constants, no VJP
+
+        def fn(hc, ic=ids[s : s + chunk]):  # ids: constants, no VJP
             return _chunk_logprobs(lm, hc, ic)
 
-        parts.append((mx.checkpoint(fn) if checkpoint else fn)(h[s:s + chunk]))
+        parts.append((mx.checkpoint(fn) if checkpoint else fn)(h[s : s + chunk]))
     return mx.concatenate(parts, axis=0)
 
 
@@ -157,7 +158,7 @@ def topk_logprobs(lm, input_ids: mx.array, n_prompt: int, k: int, *, chunk: int 
     h = mx.stop_gradient(_positions(lm, input_ids, n_prompt))
     out_ids, out_lp = [], []
     for s in range(0, h.shape[0], chunk):
-        logits = lm.logits(h[s:s + chunk])
+        logits = lm.logits(h[s : s + chunk])
         lp = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
         top = mx.argpartition(-lp, kth=k - 1, axis=-1)[:, :k]
         top_lp = mx.take_along_axis(lp, top, axis=-1)

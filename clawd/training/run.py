@@ -29,9 +29,15 @@ from pathlib import Path
 from clawd.training import blas
 from clawd.training.data import STOPPED
 
-LORA_KEYS = {"q_proj": "self_attn.q_proj", "k_proj": "self_attn.k_proj", "v_proj": "self_attn.v_proj",
-             "o_proj": "self_attn.o_proj", "gate_proj": "mlp.gate_proj", "up_proj": "mlp.up_proj",
-             "down_proj": "mlp.down_proj"}
+LORA_KEYS = {
+    "q_proj": "self_attn.q_proj",
+    "k_proj": "self_attn.k_proj",
+    "v_proj": "self_attn.v_proj",
+    "o_proj": "self_attn.o_proj",
+    "gate_proj": "mlp.gate_proj",
+    "up_proj": "mlp.up_proj",
+    "down_proj": "mlp.down_proj",
+}
 
 
 def emit(event: str, **fields) -> None:
@@ -80,13 +86,15 @@ def attach_lora(lm, settings, parent_path: str | None) -> str | None:
         note = "parent adapter has another rank/targets/scale: trained from the base model"
     else:
         note = None
-    linear_to_lora_layers(lm.model, len(lm.model.layers),
-                          {"rank": settings.rank, "scale": scale, "dropout": 0.0, "keys": keys})
+    linear_to_lora_layers(
+        lm.model, len(lm.model.layers), {"rank": settings.rank, "scale": scale, "dropout": 0.0, "keys": keys}
+    )
     return note
 
 
-def prepare(lm, samples, k: int, cache: Path, progress: Callable[[int, int], None],
-            teacher: str = "base") -> list[dict]:
+def prepare(
+    lm, samples, k: int, cache: Path, progress: Callable[[int, int], None], teacher: str = "base"
+) -> list[dict]:
     """π_old (the current LoRA = the parent) at the sampled tokens and its top-k, and the
     teacher (training.teacher + hint) at that top-k, for every sample: recomputed in MLX so
     no ratio mixes engines (STACK.md). Cached in the job dir for resumes."""
@@ -96,15 +104,18 @@ def prepare(lm, samples, k: int, cache: Path, progress: Callable[[int, int], Non
 
     if cache.exists():
         with np.load(cache) as z:
-            return [{"ids": z[f"ids{i}"], "old": z[f"old{i}"],
-                     "teacher": z[f"teacher{i}"] if f"teacher{i}" in z else None} for i in range(len(samples))]
+            return [
+                {"ids": z[f"ids{i}"], "old": z[f"old{i}"], "teacher": z[f"teacher{i}"] if f"teacher{i}" in z else None}
+                for i in range(len(samples))
+            ]
     out = []
     for i, s in enumerate(samples):
         ids, old = student_view(lm, s, k)
         out.append({"ids": ids, "old": old, "teacher": teacher_view(lm, s, ids[:, 1:], teacher)})
         progress(i + 1, len(samples))
-    arrays = {f"{name}{i}": p[name] for i, p in enumerate(out) for name in ("ids", "old", "teacher")
-              if p[name] is not None}
+    arrays = {
+        f"{name}{i}": p[name] for i, p in enumerate(out) for name in ("ids", "old", "teacher") if p[name] is not None
+    }
     tmp = cache.with_name("prepared.tmp.npz")
     np.savez(tmp, **arrays)
     os.replace(tmp, cache)
@@ -124,10 +135,16 @@ def sample_loss(lm, sample, prep, weights):
     n, k = prep["ids"].shape[0], prep["ids"].shape[1] - 1
     teacher = prep["teacher"]
     return hybrid_loss(
-        lp[None, :, 0], old[None, :, 0], mx.array([float(sample.reward)]),
-        lp[None, :, 1:], old[None, :, 1:],
+        lp[None, :, 0],
+        old[None, :, 0],
+        mx.array([float(sample.reward)]),
+        lp[None, :, 1:],
+        old[None, :, 1:],
         mx.array(teacher)[None] if teacher is not None else mx.zeros((1, n, k)),
-        mx.array([teacher is not None]), mx.ones((1, n)), weights)
+        mx.array([teacher is not None]),
+        mx.ones((1, n)),
+        weights,
+    )
 
 
 def batches(n: int, batch_size: int) -> list[list[int]]:
@@ -140,8 +157,14 @@ def metric_counts(sample, k: int, weights) -> dict[str, float]:
     n = len(sample.response_ids)
     rl = float(n > 0 and bool(sample.reward) and weights.rl != 0)
     opd = float(n > 0 and sample.teacher_prompt_ids is not None and weights.opd != 0)
-    return {"rl": rl, "reward_mean": rl, "ratio_mean": rl * n, "rl_clip_frac": rl * n,
-            "opd": opd, "opd_clip_frac": opd * n * k}
+    return {
+        "rl": rl,
+        "reward_mean": rl,
+        "ratio_mean": rl * n,
+        "rl_clip_frac": rl * n,
+        "opd": opd,
+        "opd_clip_frac": opd * n * k,
+    }
 
 
 def step_metrics(rows: list[tuple[dict[str, float], dict[str, float]]]) -> dict[str, float]:
@@ -163,8 +186,15 @@ def step_metrics(rows: list[tuple[dict[str, float], dict[str, float]]]) -> dict[
     return out
 
 
-def train(model, steps: Iterator[list[int]], loss_fn, optimizer, grad_clip: float,
-          on_step: Callable[[int, dict], bool], counts: Callable[[int], dict[str, float]] | None = None) -> int:
+def train(
+    model,
+    steps: Iterator[list[int]],
+    loss_fn,
+    optimizer,
+    grad_clip: float,
+    on_step: Callable[[int, dict], bool],
+    counts: Callable[[int], dict[str, float]] | None = None,
+) -> int:
     """The training loop: one optimizer update per item of `steps` (a list of sample indices,
     gradients averaged over them). `loss_fn(i)` gives (loss, metrics) for sample i; `counts(i)`
     what each metric of sample i is a mean over (see step_metrics); `on_step` gets (step,
@@ -183,8 +213,7 @@ def train(model, steps: Iterator[list[int]], loss_fn, optimizer, grad_clip: floa
             (loss, metrics), grads = grad_of(model, i)
             total = grads if total is None else tree_map(mx.add, total, grads)
             mx.eval(total, loss)
-            rows.append(({key: float(v) for key, v in {"loss": loss, **metrics}.items()},
-                         counts(i) if counts else {}))
+            rows.append(({key: float(v) for key, v in {"loss": loss, **metrics}.items()}, counts(i) if counts else {}))
         # Mean over the samples that carry a term (an ablation weight of 0 can empty one).
         counted = max(sum(m.get("n_samples", 1) for m, _ in rows), 1)
         total = tree_map(lambda g: g / counted, total)
@@ -294,8 +323,7 @@ def run(job_dir: Path, cache_dir: Path, out_dir: Path, *, stock_blas: bool = Fal
     def on_step(step: int, m: dict) -> bool:
         m["step"] = start + step
         history.append(m)
-        emit("step", total=len(plan), tokens=sum(len(job.train[i].response_ids) for i in plan[start + step - 1]),
-             **m)
+        emit("step", total=len(plan), tokens=sum(len(job.train[i].response_ids) for i in plan[start + step - 1]), **m)
         return not stop.requested
 
     def stopped(step: int) -> int:
@@ -304,8 +332,15 @@ def run(job_dir: Path, cache_dir: Path, out_dir: Path, *, stock_blas: bool = Fal
         return STOPPED
 
     emit("phase", phase="train", steps=len(plan), resumed_at=start)
-    done = train(lm.model, iter(plan[start:]), lambda i: sample_loss(lm, job.train[i], prep[i], weights),
-                 optimizer, cfg.grad_clip, on_step, counts=lambda i: metric_counts(job.train[i], k, weights))
+    done = train(
+        lm.model,
+        iter(plan[start:]),
+        lambda i: sample_loss(lm, job.train[i], prep[i], weights),
+        optimizer,
+        cfg.grad_clip,
+        on_step,
+        counts=lambda i: metric_counts(job.train[i], k, weights),
+    )
     # A stop during the last step counts too: checkpoint at len(plan), and a resume goes
     # straight to the gate (the daemon SIGKILLs a trainer that ignores SIGTERM).
     if start + done < len(plan) or stop.requested:
@@ -323,16 +358,36 @@ def run(job_dir: Path, cache_dir: Path, out_dir: Path, *, stock_blas: bool = Fal
     if stop.requested:
         return stopped(len(plan))
 
-    metrics = {"steps": len(plan), "samples": len(job.train), "history": history,
-               "final": history[-1] if history else {}, "note": note}
-    meta = {"id": job.id, "parent_id": job.parent_id, "model": job.model, "created_at": time.time(),
-            "signals": [s.turn_id for s in job.train], "holdout": [s.turn_id for s in job.holdout],
-            "metrics": metrics, "gate": gate, "probe": probe}
+    metrics = {
+        "steps": len(plan),
+        "samples": len(job.train),
+        "history": history,
+        "final": history[-1] if history else {},
+        "note": note,
+    }
+    meta = {
+        "id": job.id,
+        "parent_id": job.parent_id,
+        "model": job.model,
+        "created_at": time.time(),
+        "signals": [s.turn_id for s in job.train],
+        "holdout": [s.turn_id for s in job.holdout],
+        "metrics": metrics,
+        "gate": gate,
+        "probe": probe,
+    }
     tmp = out_dir / f".tmp-{job.id}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    save_mlx_adapter(lm.model, tmp, rank=cfg.rank, scale=cfg.alpha / cfg.rank, num_layers=len(lm.model.layers),
-                     keys=lora_keys(cfg.targets), extra={"clawd_base_model": job.model})
+    save_mlx_adapter(
+        lm.model,
+        tmp,
+        rank=cfg.rank,
+        scale=cfg.alpha / cfg.rank,
+        num_layers=len(lm.model.layers),
+        keys=lora_keys(cfg.targets),
+        extra={"clawd_base_model": job.model},
+    )
     if Path(job.model_path).is_file():
         # The GGUF LoRA is checked against, and served on, a GGUF base. An MLX/HF directory base
         # has none: the mlx engine serves the mlx-lm files, and `export --format peft` covers the rest.

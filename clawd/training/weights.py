@@ -37,14 +37,25 @@ CACHE_VERSION = 1  # bump when the cached weights' meaning changes
 
 # GGUF per-block tensor -> mlx-lm module path (relative to model.layers.N).
 _BLOCK = {
-    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
-    "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
-    "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
 }
 # Gemma 3 has four norms per block; GGUF's ffn_norm is the *pre*-FFN one there.
-_BLOCK_GEMMA3 = {**_BLOCK, "post_attention_norm": "post_attention_layernorm",
-                 "ffn_norm": "pre_feedforward_layernorm", "post_ffw_norm": "post_feedforward_layernorm"}
+_BLOCK_GEMMA3 = {
+    **_BLOCK,
+    "post_attention_norm": "post_attention_layernorm",
+    "ffn_norm": "pre_feedforward_layernorm",
+    "post_ffw_norm": "post_feedforward_layernorm",
+}
 _GLOBAL = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 
 
@@ -76,7 +87,7 @@ class LoadedModel:
         return out.astype(mx.float32)
 
     def gguf_tensor_name(self, module_path: str) -> str:
-        """"model.layers.3.self_attn.q_proj" -> "blk.3.attn_q.weight"."""
+        """ "model.layers.3.self_attn.q_proj" -> "blk.3.attn_q.weight"."""
         return gguf_tensor_name(self.arch, module_path)
 
 
@@ -144,8 +155,7 @@ class _FreqsRoPE(nn.Module):
         self._freqs = mx.array(periods.astype(np.float32))
 
     def __call__(self, x, offset: int = 0):
-        return mx.fast.rope(x, self.dims, traditional=False, base=None, scale=1.0, offset=offset,
-                            freqs=self._freqs)
+        return mx.fast.rope(x, self.dims, traditional=False, base=None, scale=1.0, offset=offset, freqs=self._freqs)
 
 
 # ---- GGUF ----------------------------------------------------------------------------------
@@ -226,8 +236,10 @@ def _gguf_weights(reader, arch: str, args: dict, path: Path) -> tuple[dict[str, 
         try:
             arr = dequantize(t.data, t.tensor_type)
         except NotImplementedError as e:
-            raise ModelLoadError(f"{path}: cannot dequantize {t.name} ({t.tensor_type.name}): {e}; "
-                                 "use a model quantized with a common type (Q4_K_M, Q8_0, F16)") from e
+            raise ModelLoadError(
+                f"{path}: cannot dequantize {t.name} ({t.tensor_type.name}): {e}; "
+                "use a model quantized with a common type (Q4_K_M, Q8_0, F16)"
+            ) from e
         arr = np.ascontiguousarray(arr.reshape(tuple(int(n) for n in reversed(t.shape))), dtype=np.float32)
         if t.name == "rope_freqs.weight":
             rope_factors = arr
@@ -243,8 +255,10 @@ def _gguf_weights(reader, arch: str, args: dict, path: Path) -> tuple[dict[str, 
             arr = unpermute_rows(arr, heads)
         weights[name] = mx.array(arr)  # one tensor at a time: never two float32 copies of the model
     if unknown:
-        raise ModelLoadError(f"{path}: tensors this trainer does not know: {', '.join(unknown[:5])}"
-                             f"{' ...' if len(unknown) > 5 else ''}; this model cannot be trained")
+        raise ModelLoadError(
+            f"{path}: tensors this trainer does not know: {', '.join(unknown[:5])}"
+            f"{' ...' if len(unknown) > 5 else ''}; this model cannot be trained"
+        )
     if rope_factors is not None and arch != "llama":
         raise ModelLoadError(f"{path}: rope_freqs is only supported for llama models")
     return weights, rope_factors
@@ -309,13 +323,16 @@ def _read_gguf(path: Path, cache_dir: Path | None) -> tuple[str, dict, dict[str,
     try:
         reader = open_gguf(path)
     except (OSError, ValueError) as e:
-        raise ModelLoadError(f"cannot read {path} as GGUF ({e}): the file is corrupt or truncated; "
-                             "re-download it") from e
+        raise ModelLoadError(
+            f"cannot read {path} as GGUF ({e}): the file is corrupt or truncated; re-download it"
+        ) from e
     meta = _fields(reader)
     arch = meta.get("general.architecture")
     if arch not in MODEL_TYPES:
-        raise ModelLoadError(f"{path}: architecture {arch!r} cannot be trained (supported: "
-                             f"{', '.join(MODEL_TYPES)}); serve it without learning or pick another model")
+        raise ModelLoadError(
+            f"{path}: architecture {arch!r} cannot be trained (supported: "
+            f"{', '.join(MODEL_TYPES)}); serve it without learning or pick another model"
+        )
     if not meta.get("n_vocab"):
         raise ModelLoadError(f"{path}: no tokenizer.ggml.tokens in the GGUF metadata; re-convert the model")
     args = _model_args(meta, arch, path)
@@ -323,8 +340,12 @@ def _read_gguf(path: Path, cache_dir: Path | None) -> tuple[str, dict, dict[str,
         weights, rope_factors = _gguf_weights(reader, arch, args, path)
     except (ValueError, IndexError) as e:  # tensor data that does not fit its declared shape
         raise ModelLoadError(f"{path}: corrupt tensor data ({e}); re-download the model") from e
-    config = {"arch": arch, "args": args, "source": str(path),
-              "rope_factors": rope_factors.tolist() if rope_factors is not None else None}
+    config = {
+        "arch": arch,
+        "args": args,
+        "source": str(path),
+        "rope_factors": rope_factors.tolist() if rope_factors is not None else None,
+    }
     if entry is not None:
         _write_cache(entry, weights, config)
     return arch, config, weights
@@ -346,8 +367,9 @@ def _build(arch: str, config: dict, weights: dict[str, mx.array], path: Path) ->
     try:
         model.load_weights(list(weights.items()), strict=True)
     except ValueError as e:
-        raise ModelLoadError(f"{path}: its tensors do not fit an mlx-lm {arch} model ({e}); "
-                             "this model cannot be trained") from e
+        raise ModelLoadError(
+            f"{path}: its tensors do not fit an mlx-lm {arch} model ({e}); this model cannot be trained"
+        ) from e
     mx.eval(model.parameters())
     model.eval()
     return model
@@ -422,13 +444,15 @@ class HFTokenizer:
 
 def _load_dir(path: Path) -> LoadedModel:
     if not (path / "config.json").is_file() or not any(path.glob("*.safetensors")):
-        raise ModelLoadError(f"{path} is not an MLX/HF model directory (config.json + *.safetensors); "
-                             "point at one, or at a GGUF file")
+        raise ModelLoadError(
+            f"{path} is not an MLX/HF model directory (config.json + *.safetensors); point at one, or at a GGUF file"
+        )
     model_type = read_model_config(path).get("model_type")
     arch = ARCH_BY_MODEL_TYPE.get(model_type)
     if arch is None:
-        raise ModelLoadError(f"{path}: model_type {model_type!r} cannot be trained "
-                             f"(supported: {', '.join(MODEL_TYPES.values())})")
+        raise ModelLoadError(
+            f"{path}: model_type {model_type!r} cannot be trained (supported: {', '.join(MODEL_TYPES.values())})"
+        )
     from mlx_lm.utils import load
 
     try:

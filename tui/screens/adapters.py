@@ -28,24 +28,36 @@ def adapter_row(a: dict, active: str | None) -> tuple:
     gate = a.get("gate") or {}
     gain, kl = gate.get("gain"), gate.get("kl_to_base")
     status = "forgotten" if a.get("forgotten") else a["status"]
-    return (("● " if a["id"] == active else "  ") + a["id"], a.get("parent_id") or "base", status,
-            when(a.get("created_at")), str(len(a.get("signals") or [])),
-            "-" if gain is None else f"{gain:+.4f}", "-" if kl is None else f"{kl:.4f}",
-            "passed" if gate.get("passed") else ("failed" if gate else "-"))
+    return (
+        ("● " if a["id"] == active else "  ") + a["id"],
+        a.get("parent_id") or "base",
+        status,
+        when(a.get("created_at")),
+        str(len(a.get("signals") or [])),
+        "-" if gain is None else f"{gain:+.4f}",
+        "-" if kl is None else f"{kl:.4f}",
+        "passed" if gate.get("passed") else ("failed" if gate else "-"),
+    )
 
 
 def adapter_info(a: dict) -> Text:
     gate = a.get("gate") or {}
     t = Text()
     t.append(a["id"], style="bold")
-    t.append(f"   {a['status']}   parent {a.get('parent_id') or 'base model'}   previous "
-             f"{a.get('previous_id') or '-'}\n")
+    t.append(
+        f"   {a['status']}   parent {a.get('parent_id') or 'base model'}   previous {a.get('previous_id') or '-'}\n"
+    )
     if a.get("note"):
         t.append(f"{a['note']}\n", style="dim")
     if gate:
         t.append("gate: ", style="bold")
-        t.append(", ".join(f"{k} {v:+.4f}" if isinstance(v, float) else f"{k} {v}"
-                           for k, v in gate.items() if not isinstance(v, dict)))
+        t.append(
+            ", ".join(
+                f"{k} {v:+.4f}" if isinstance(v, float) else f"{k} {v}"
+                for k, v in gate.items()
+                if not isinstance(v, dict)
+            )
+        )
         t.append("\n")
     return t
 
@@ -130,7 +142,8 @@ class AdaptersScreen(ClawdScreen):
             table.move_cursor(row=table.get_row_index(keep))
         if not self.adapters:
             self.query_one("#adapter-info", Static).update(
-                "No adapters yet: training makes one from ready signals (F3).")
+                "No adapters yet: training makes one from ready signals (F3)."
+            )
 
     @on(DataTable.RowHighlighted)
     def _highlighted(self, event: DataTable.RowHighlighted) -> None:
@@ -170,10 +183,14 @@ class AdaptersScreen(ClawdScreen):
             if yes and await self.attempt(self.client.activate(target), done=f"{target} is now active"):
                 self.action_refresh()
 
-        self.app.push_screen(ConfirmModal(
-            f"Activate {target}?\n\nIt is hot-swapped into the served model (verified live); the "
-            f"current one ({self.active or 'the base model'}) stays on disk as its rollback target.",
-            confirm="Activate"), confirmed)
+        self.app.push_screen(
+            ConfirmModal(
+                f"Activate {target}?\n\nIt is hot-swapped into the served model (verified live); the "
+                f"current one ({self.active or 'the base model'}) stays on disk as its rollback target.",
+                confirm="Activate",
+            ),
+            confirmed,
+        )
 
     def action_rollback(self) -> None:
         if self.active is None:
@@ -186,6 +203,11 @@ class AdaptersScreen(ClawdScreen):
             if yes and await self.attempt(self.client.rollback(), done=f"rolled back to {target}"):
                 self.action_refresh()
 
-        self.app.push_screen(ConfirmModal(
-            f"Roll back from {self.active} to {target}?\n\n{self.active} is kept (retired) and can be "
-            "activated again.", confirm="Roll back"), confirmed)
+        self.app.push_screen(
+            ConfirmModal(
+                f"Roll back from {self.active} to {target}?\n\n{self.active} is kept (retired) and can be "
+                "activated again.",
+                confirm="Roll back",
+            ),
+            confirmed,
+        )

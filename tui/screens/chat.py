@@ -48,8 +48,11 @@ class ChatScreen(ClawdScreen):
                 yield ListView(id="sessions")
             with Vertical(id="conversation-pane"):
                 yield VerticalScroll(id="messages")
-                yield Input(placeholder="Message clawd (Enter). shift+tab: the last reply, then u/d thumbs, "
-                                        "c correct, r regenerate", id="prompt")
+                yield Input(
+                    placeholder="Message clawd (Enter). shift+tab: the last reply, then u/d thumbs, "
+                    "c correct, r regenerate",
+                    id="prompt",
+                )
         yield StatusBar(id="status-bar")
         yield Footer()
 

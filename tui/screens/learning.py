@@ -26,8 +26,16 @@ def votes_text(votes: list) -> str:
 
 def signal_row(s: dict) -> tuple:
     reward = "-" if s.get("reward") is None else f"{s['reward']:+d}"
-    return (short(s["turn_id"]), s["session_id"][:12], s["status"], reward, s.get("reward_source") or "-",
-            votes_text(s.get("votes") or []), "✓" if s.get("hint") else "", "VETOED" if s.get("vetoed") else "")
+    return (
+        short(s["turn_id"]),
+        s["session_id"][:12],
+        s["status"],
+        reward,
+        s.get("reward_source") or "-",
+        votes_text(s.get("votes") or []),
+        "✓" if s.get("hint") else "",
+        "VETOED" if s.get("vetoed") else "",
+    )
 
 
 def signal_detail(s: dict, turn: dict | None) -> Text:
@@ -112,7 +120,8 @@ class LearningScreen(ClawdScreen):
             table.move_cursor(row=table.get_row_index(keep))
         if not rows:
             self.query_one("#signal-detail", Static).update(
-                "No signals yet: the miner makes one from each chat turn (if mining is on).")
+                "No signals yet: the miner makes one from each chat turn (if mining is on)."
+            )
 
     @on(DataTable.RowHighlighted)
     def _highlighted(self, event: DataTable.RowHighlighted) -> None:
@@ -129,8 +138,10 @@ class LearningScreen(ClawdScreen):
         sig = self.selected
         if sig is None:
             return
-        updated = await self.attempt(self.client.set_veto(sig["turn_id"], not sig.get("vetoed")),
-                                     done=("vetoed " if not sig.get("vetoed") else "unvetoed ") + short(sig["turn_id"]))
+        updated = await self.attempt(
+            self.client.set_veto(sig["turn_id"], not sig.get("vetoed")),
+            done=("vetoed " if not sig.get("vetoed") else "unvetoed ") + short(sig["turn_id"]),
+        )
         if updated is not None:
             self.signals[sig["turn_id"]] = updated
             table = self.query_one(DataTable)
@@ -147,7 +158,11 @@ class LearningScreen(ClawdScreen):
             if yes and await self.attempt(self.client.forget(session), done=f"forgot session {session}"):
                 self.action_refresh()
 
-        self.app.push_screen(ConfirmModal(
-            f"Forget session {session}?\n\nIts turns, feedback and signals are deleted, and any adapter "
-            "trained on them is retired and its weights deleted. This cannot be undone.",
-            confirm="Forget"), confirmed)
+        self.app.push_screen(
+            ConfirmModal(
+                f"Forget session {session}?\n\nIts turns, feedback and signals are deleted, and any adapter "
+                "trained on them is retired and its weights deleted. This cannot be undone.",
+                confirm="Forget",
+            ),
+            confirmed,
+        )

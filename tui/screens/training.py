@@ -16,9 +16,17 @@ from tui.screens.modals import ConfirmModal
 from tui.widgets.curves import Curves
 from tui.widgets.status_bar import StatusBar
 
-TERMS = (("loss", "loss"), ("rl", "RL term"), ("opd", "OPD term"), ("reward_mean", "reward mean"),
-         ("rl_clip_frac", "RL clip frac"), ("opd_clip_frac", "OPD clip frac"), ("ratio_mean", "ratio mean"),
-         ("grad_norm", "grad norm"), ("seconds", "s / step"))
+TERMS = (
+    ("loss", "loss"),
+    ("rl", "RL term"),
+    ("opd", "OPD term"),
+    ("reward_mean", "reward mean"),
+    ("rl_clip_frac", "RL clip frac"),
+    ("opd_clip_frac", "OPD clip frac"),
+    ("ratio_mean", "ratio mean"),
+    ("grad_norm", "grad norm"),
+    ("seconds", "s / step"),
+)
 
 
 def eta_text(training: dict, steps: list[dict]) -> str:
@@ -57,8 +65,10 @@ def summary(training: dict) -> Text:
             gate = result.get("gate") or {}
             verdict = "promoted, now active" if result.get("promoted") else (result.get("note") or "not promoted")
             gain = gate.get("gain")
-            t.append(f"{result.get('adapter_id')}: {verdict}; gate gain "
-                     f"{'-' if gain is None else format(gain, '+.4f')}, KL {gate.get('kl_to_base', 0):.4f}")
+            t.append(
+                f"{result.get('adapter_id')}: {verdict}; gate gain "
+                f"{'-' if gain is None else format(gain, '+.4f')}, KL {gate.get('kl_to_base', 0):.4f}"
+            )
     return t
 
 
@@ -137,8 +147,12 @@ class TrainingScreen(ClawdScreen):
     async def action_start(self) -> None:
         started = await self.attempt(self.client.start_training())
         if started is not None:
-            self.notify(f"training run {started.get('job_id')} started" if started.get("job_id")
-                        else f"not started: {started.get('reason')}", title="clawd")
+            self.notify(
+                f"training run {started.get('job_id')} started"
+                if started.get("job_id")
+                else f"not started: {started.get('reason')}",
+                title="clawd",
+            )
             self.action_refresh()
 
     def action_stop(self) -> None:
@@ -150,5 +164,9 @@ class TrainingScreen(ClawdScreen):
             if yes and await self.attempt(self.client.stop_training(), done="stopped at a checkpoint"):
                 self.action_refresh()
 
-        self.app.push_screen(ConfirmModal("Stop the training run at its next step?\n\n"
-                                          "It checkpoints; the next run resumes it.", confirm="Stop"), confirmed)
+        self.app.push_screen(
+            ConfirmModal(
+                "Stop the training run at its next step?\n\nIt checkpoints; the next run resumes it.", confirm="Stop"
+            ),
+            confirmed,
+        )

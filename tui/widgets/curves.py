@@ -6,8 +6,14 @@ from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.widgets import Label, Sparkline
 
-CURVES = (("loss", "loss"), ("rl", "RL term"), ("opd", "OPD term"), ("reward_mean", "reward mean"),
-          ("rl_clip_frac", "RL clip fraction"), ("opd_clip_frac", "OPD clip fraction"))
+CURVES = (
+    ("loss", "loss"),
+    ("rl", "RL term"),
+    ("opd", "OPD term"),
+    ("reward_mean", "reward mean"),
+    ("rl_clip_frac", "RL clip fraction"),
+    ("opd_clip_frac", "OPD clip fraction"),
+)
 
 
 class Curve(Vertical):

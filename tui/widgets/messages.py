@@ -60,8 +60,12 @@ class ReplyMessage(Vertical, can_focus=True):
         return self.query_one(Markdown)
 
     def _meta_line(self) -> str:
-        parts = {"streaming": ["…"], "stopped": ["⏹ stopped: partial reply"],
-                 "broken": ["⚠ connection lost: partial reply"], "failed": ["⚠ failed"]}.get(self.state, [])
+        parts = {
+            "streaming": ["…"],
+            "stopped": ["⏹ stopped: partial reply"],
+            "broken": ["⚠ connection lost: partial reply"],
+            "failed": ["⚠ failed"],
+        }.get(self.state, [])
         if self.rating:
             parts.append("▲ thumbs up" if self.rating == "up" else "▼ thumbs down")
         if self.corrected:

@@ -12,9 +12,11 @@ def describe(status: dict | None, url: str) -> str:
     training = (status.get("training") or {}).get("state", "unavailable")
     ready = (status.get("signals") or {}).get("ready", 0)
     engine = "busy" if status.get("busy") else "idle"
-    return (f"● {status.get('model', '?')} on {status.get('engine', '?')} · "
-            f"adapter {status.get('active_adapter') or 'none (base model)'} · engine {engine} · "
-            f"training {training} · {ready} signals ready")
+    return (
+        f"● {status.get('model', '?')} on {status.get('engine', '?')} · "
+        f"adapter {status.get('active_adapter') or 'none (base model)'} · engine {engine} · "
+        f"training {training} · {ready} signals ready"
+    )
 
 
 class StatusBar(Static):
