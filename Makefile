@@ -3,6 +3,7 @@
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
+WORKERS ?= 2  # pytest-xdist workers for test-fast (CI's `make test` stays serial: steadier timings)
 
 .PHONY: serve chat test test-fast demo bench-serve bench-learning bench-hints bench-train bench-tui bench-mlx
 
@@ -21,8 +22,8 @@ chat: $(STAMP)  ## open the TUI (offers to start the daemon if it is not running
 test: $(STAMP)  ## every test, the real-model (slow) ones included, as CI runs them
 	$(PY) -m pytest -m "slow or not slow"
 
-test-fast: $(STAMP)  ## the quick loop: everything but the real-model tests and repeated training runs
-	$(PY) -m pytest
+test-fast: $(STAMP)  ## the quick loop: everything but the real-model tests and repeated training runs, on both cores
+	$(PY) -m pytest -n $(WORKERS)
 
 demo: $(STAMP)  ## teach the embedded model one correction, show the change, roll it back
 	$(PY) examples/learn_a_correction.py

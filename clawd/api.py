@@ -42,7 +42,7 @@ from clawd.protocol import (
     Status,
     TrainingHistory,
     TrainingStart,
-    TrainingView,
+    TrainingStatus,
     TurnSummary,
 )
 from clawd.reload import ReloadState
@@ -441,7 +441,7 @@ async def export_adapter(adapter_id: str, request: Request, state: State):
 # ---- training -------------------------------------------------------------------------------
 
 
-@training.get("", response_model=TrainingView)
+@training.get("", response_model=TrainingStatus)
 async def training_status(state: State):
     return await state.need_scheduler().report()
 
@@ -460,7 +460,7 @@ async def start_training(state: State, if_ready: bool = False):
     return TrainingStart(**await state.need_scheduler().start_run(if_ready))
 
 
-@training.post("/stop", response_model=TrainingView)
+@training.post("/stop", response_model=TrainingStatus)
 async def stop_training(state: State):
     """Stop the run at its next optimizer step; the next run resumes it."""
     sched = state.need_scheduler()

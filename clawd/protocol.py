@@ -231,21 +231,25 @@ class ActiveAdapter(BaseModel):
     active: str | None  # None: the base model
 
 
-class TrainingView(BaseModel):
-    """GET /clawd/training: the scheduler's current or last run."""
+class TrainingStatus(BaseModel):
+    """GET /clawd/training: the scheduler's current or last run. The scheduler keeps one and
+    updates its fields as the trainer reports."""
 
-    state: str  # idle | running | paused | error
+    state: str = "idle"  # idle | running | paused | error
     job_id: str | None = None
     phase: str | None = None  # load | prepare | train | gate | promote
     step: int = 0
     total: int = 0
     prepared: int = 0
     samples: int = 0
-    metrics: dict[str, Any] = {}
+    metrics: dict[str, Any] = {}  # the latest step's loss terms, reward mean, clip fractions
     blas: str | None = None
     started_at: float | None = None
-    result: dict[str, Any] | None = None
-    reason: str = ""
+    result: dict[str, Any] | None = None  # the last finished run: adapter, gate, promoted / error
+    reason: str = ""  # why the scheduler is (not) training now
+
+    def public(self) -> dict:
+        return self.model_dump()
 
 
 class TrainingHistory(BaseModel):

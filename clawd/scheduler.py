@@ -22,7 +22,7 @@ import signal
 import sys
 import time
 import uuid
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from datetime import datetime
 from pathlib import Path
 
@@ -31,6 +31,7 @@ from clawd.adapters import Registry
 from clawd.config import TrainingSettings
 from clawd.errors import AdapterError, Busy, ClawdError, InvalidRequest
 from clawd.paths import Paths
+from clawd.protocol import TrainingStatus
 from clawd.served import ServedModel
 from clawd.store import adapters as adapter_rows
 from clawd.store import signals
@@ -38,25 +39,6 @@ from clawd.store.db import Database
 from clawd.training.data import STOPPED, read_job, write_job
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class TrainingStatus:
-    state: str = "idle"  # idle | running | paused | error
-    job_id: str | None = None
-    phase: str | None = None  # load | prepare | train | gate | promote
-    step: int = 0
-    total: int = 0
-    prepared: int = 0
-    samples: int = 0
-    metrics: dict = field(default_factory=dict)  # the latest step's loss terms, reward mean, clip fractions
-    blas: str | None = None
-    started_at: float | None = None
-    result: dict | None = None  # the last finished run: adapter, gate, promoted / error
-    reason: str = ""  # why the scheduler is (not) training now
-
-    def public(self) -> dict:
-        return dict(self.__dict__)
 
 
 def in_window(window: str, now: datetime) -> bool:
