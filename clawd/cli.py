@@ -26,14 +26,21 @@ def _overrides(args) -> dict[str, object]:
     }
 
 
-def _setup(args) -> tuple[Settings, Paths]:
+def _setup(args, problems: list[str] | None = None) -> tuple[Settings, Paths]:
+    """Paths, settings and logging for a command. With `problems`, a bad config.toml is
+    reported there instead of raised (see config.load_settings)."""
     paths = resolve_paths(os.environ)
     ensure_dirs(paths)
     write_default_config(paths.config_file)
-    settings = load_settings(paths.config_file, os.environ, _overrides(args))
+    settings = load_settings(paths.config_file, os.environ, _overrides(args), problems=problems)
     logging.basicConfig(
         level=settings.log_level.upper(), stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    if not getattr(args, "verbose", False):
+        # httpx logs every request at INFO: one line per call of a command (one a second while
+        # `train --now` follows a run), drawn over the TUI. `clawd -v ...` shows them.
+        for name in ("httpx", "httpcore"):
+            logging.getLogger(name).setLevel(logging.WARNING)
     for warning in paths.warnings:
         logging.getLogger("clawd").warning(warning)
     return settings, paths
@@ -88,7 +95,11 @@ def cmd_chat(args) -> int:
 def cmd_status(args) -> int:
     from clawd.client import DaemonClient, HTTPError
 
-    settings, paths = _setup(args)
+    # The command to run after editing config.toml: a broken file must not break it. The daemon
+    # keeps its previous settings; status finds it with what the file still says and names the error.
+    problems: list[str] = []
+    settings, paths = _setup(args, problems)
+    config_error = "; ".join(problems) or None
     try:
         with DaemonClient.configured(settings, paths) as c:
             status = c.get("/clawd/status")
@@ -98,17 +109,23 @@ def cmd_status(args) -> int:
             "url": f"http://{settings.server.host}:{settings.server.port}",
             "reason": str(e) or type(e).__name__,
             "home": str(paths.config_dir),
+            "config_error": config_error,
         }
         if args.json:
             print(json.dumps(status, indent=2))
         else:
             print(f"clawd is not running at {status['url']} ({status['reason']}).")
+            if config_error:
+                print(f"config.toml has an error: {config_error}")
             print("Start it with `clawd serve`.")
         return 3
     status["running"] = True
+    status["config_error"] = config_error
     if args.json:
         print(json.dumps(status, indent=2))
         return 0
+    if config_error:
+        print(f"config.toml has an error (the daemon keeps its previous settings): {config_error}")
     rows = [
         (
             "daemon",
@@ -533,6 +550,7 @@ def cmd_config(args) -> int:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="clawd", description="A local agent daemon that learns from your conversations.")
     p.add_argument("--version", action="version", version=f"clawd {__version__}")
+    p.add_argument("-v", "--verbose", action="store_true", help="also log each HTTP request (clawd -v COMMAND)")
     sub = p.add_subparsers(dest="command", required=True)
 
     s = sub.add_parser("serve", help="run the daemon in the foreground")

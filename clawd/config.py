@@ -23,6 +23,12 @@ from clawd.errors import ConfigError
 ENV_PREFIX = "CLAWD_"
 
 
+# What a chat request may ask for (protocol.ChatCompletionRequest validates with the same numbers),
+# so a default the config accepts is always a value a request could have sent.
+TEMPERATURE_MAX = 2.0
+TOP_P_MIN_EXCLUSIVE = 0.0
+
+
 def _f(default, help: str, **meta):
     # One place that pairs a default with its help text (DESIGN "How to write it" rule 2).
     return field(default=default, metadata={"help": help, **meta})
@@ -70,8 +76,12 @@ class ModelSettings:
 class GenerationSettings:
     # Defaults for requests that don't say; a request's own value always wins.
     max_tokens: int = _f(512, "Default maximum tokens generated per response.", min=1)
-    temperature: float = _f(0.7, "Default sampling temperature (0 = greedy).", min=0.0)
-    top_p: float = _f(0.95, "Default nucleus sampling probability mass, 0 to 1.", min=0.0, max=1.0)
+    temperature: float = _f(
+        0.7, f"Default sampling temperature, 0 (greedy) to {TEMPERATURE_MAX:g}.", min=0.0, max=TEMPERATURE_MAX
+    )
+    top_p: float = _f(
+        0.95, "Default nucleus sampling probability mass, above 0 up to 1.", gt=TOP_P_MIN_EXCLUSIVE, max=1.0
+    )
     top_k: int = _f(40, "Sample only among the k most likely tokens (0 = no limit), as llama.cpp does.", min=0)
 
 
@@ -262,16 +272,25 @@ def _convert(spec: _Spec, raw: object, where: str) -> object:
         value = str(value).strip().lower()
         if value not in choices:
             raise bad(f"must be one of {', '.join(choices)}, got {raw!r}")
-    lo, hi = spec.meta.get("min"), spec.meta.get("max")
+    lo, hi, above = spec.meta.get("min"), spec.meta.get("max"), spec.meta.get("gt")
     if lo is not None and value < lo:  # type: ignore[operator]
         raise bad(f"must be >= {lo}, got {raw!r}")
+    if above is not None and value <= above:  # type: ignore[operator]
+        raise bad(f"must be > {above}, got {raw!r}")
     if hi is not None and value > hi:  # type: ignore[operator]
         raise bad(f"must be <= {hi}, got {raw!r}")
     return value
 
 
-def _read_toml(config_file: Path) -> dict[str, object]:
-    """Flatten config.toml into {"server.port": raw, ...}; unknown keys are errors."""
+def _read_toml(config_file: Path, problems: list[str] | None = None) -> dict[str, object]:
+    """Flatten config.toml into {"server.port": raw, ...}; unknown keys are errors (with
+    `problems`: noted there and skipped, see load_settings)."""
+
+    def refuse(e: ConfigError) -> None:
+        if problems is None:
+            raise e
+        problems.append(e.message)
+
     try:
         text = config_file.read_text(encoding="utf-8")
     except FileNotFoundError:
@@ -288,21 +307,27 @@ def _read_toml(config_file: Path) -> dict[str, object]:
     for k, v in doc.items():
         if k in _SECTIONS:
             if not isinstance(v, dict):
-                raise ConfigError(f"{config_file}: {k} must be a table ([{k}]), got {v!r}", param=k)
+                refuse(ConfigError(f"{config_file}: {k} must be a table ([{k}]), got {v!r}", param=k))
+                continue
             valid = [key.split(".", 1)[1] for key in SPECS if key.startswith(k + ".")]
             for sk, sv in v.items():
                 if sk not in valid:
-                    raise ConfigError(
-                        f"{config_file}: unknown key {k}.{sk}; valid keys in [{k}]: {', '.join(valid)}",
-                        param=f"{k}.{sk}",
+                    refuse(
+                        ConfigError(
+                            f"{config_file}: unknown key {k}.{sk}; valid keys in [{k}]: {', '.join(valid)}",
+                            param=f"{k}.{sk}",
+                        )
                     )
+                    continue
                 flat[f"{k}.{sk}"] = sv
         elif k in _TOP:
             flat[k] = v
         else:
-            raise ConfigError(
-                f"{config_file}: unknown key {k}; valid top-level keys and tables: {', '.join(valid_top)}",
-                param=k,
+            refuse(
+                ConfigError(
+                    f"{config_file}: unknown key {k}; valid top-level keys and tables: {', '.join(valid_top)}",
+                    param=k,
+                )
             )
     return flat
 
@@ -311,6 +336,8 @@ def load_settings(
     config_file: Path,
     env: Mapping[str, str],
     overrides: Mapping[str, object] = {},  # noqa: B006 - read only
+    *,
+    problems: list[str] | None = None,
 ) -> Settings:
     """Resolve defaults < config.toml < CLAWD_* env < overrides into one Settings.
 
@@ -319,6 +346,9 @@ def load_settings(
         env: the environment mapping (only CLAWD_<SECTION>_<FIELD> / CLAWD_LOG_LEVEL are read).
         overrides: explicit values from CLI flags, keyed "server.port" / "log_level";
             a None value means "flag not given" and is skipped.
+        problems: given, a bad config.toml does not raise: each problem is appended to it and
+            the bad part is skipped (its defaults stand in), so `clawd status` still finds the
+            daemon, which keeps its previous settings, and can say what is wrong with the file.
     Returns:
         The frozen Settings.
     Raises:
@@ -326,8 +356,20 @@ def load_settings(
     """
     values: dict[str, object] = {key: spec.default for key, spec in SPECS.items()}
 
-    for key, raw in _read_toml(config_file).items():
-        values[key] = _convert(SPECS[key], raw, str(config_file))
+    try:
+        from_file = _read_toml(config_file, problems)
+    except ConfigError as e:
+        if problems is None:
+            raise
+        problems.append(e.message)
+        from_file = {}
+    for key, raw in from_file.items():
+        try:
+            values[key] = _convert(SPECS[key], raw, str(config_file))
+        except ConfigError as e:
+            if problems is None:
+                raise
+            problems.append(e.message)
 
     for key, spec in SPECS.items():
         var = env_var(key)

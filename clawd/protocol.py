@@ -16,6 +16,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from clawd.config import TEMPERATURE_MAX, TOP_P_MIN_EXCLUSIVE
+
 
 class ContentPart(BaseModel):
     model_config = ConfigDict(extra="allow")
@@ -76,8 +78,8 @@ class ChatCompletionRequest(BaseModel):
     messages: list[Message] = Field(min_length=1)
     stream: bool = False
     stream_options: StreamOptions | None = None
-    temperature: float | None = Field(None, ge=0, le=2)
-    top_p: float | None = Field(None, gt=0, le=1)
+    temperature: float | None = Field(None, ge=0, le=TEMPERATURE_MAX)
+    top_p: float | None = Field(None, gt=TOP_P_MIN_EXCLUSIVE, le=1)
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)
     stop: str | list[str] | None = None
