@@ -57,7 +57,9 @@ def served_artifact(path: Path, base_model: Path) -> Path:
 
 
 def check_files(path: Path, base_model: Path) -> list[str]:
-    """Every problem with an adapter dir, as sentences (empty = fine)."""
+    """Every problem with an adapter dir, as sentences (empty = fine). It reads the base model's
+    header, which takes seconds on a big vocabulary: callers on the event loop run it in a thread,
+    so promotion never stalls the API."""
     from clawd.training.export import check_gguf_lora, check_mlx_lora
 
     if not (path / "meta.json").is_file():
@@ -139,7 +141,7 @@ class Registry:
 
     async def register(self, path: Path) -> rows.AdapterRecord:
         """Record a finished trainer output as candidate (or rejected, if its gate failed)."""
-        problems = check_files(path, self.base_model)
+        problems = await asyncio.to_thread(check_files, path, self.base_model)
         if problems:
             raise AdapterError(f"adapter {path.name} refused: " + "; ".join(problems))
         try:
@@ -234,7 +236,7 @@ class Registry:
     async def _load(self, rec: rows.AdapterRecord) -> None:
         """Check the adapter's files against the served model and load them (if not yet)."""
         path = Path(rec.path)
-        problems = check_files(path, self.base_model)
+        problems = await asyncio.to_thread(check_files, path, self.base_model)
         if problems:
             raise AdapterError(f"adapter {rec.id} refused: " + "; ".join(problems))
         if rec.id not in self.engine.loaded_adapters:

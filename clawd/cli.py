@@ -315,11 +315,14 @@ def cmd_train(args) -> int:
         TimeElapsedColumn(),
         TextColumn("{task.fields[info]}"),
     )
+    from clawd.client import DaemonClient
+
+    settings, paths = _setup(args)
     try:
-        with Progress(*columns, transient=False) as bar:
+        with Progress(*columns, transient=False) as bar, DaemonClient.configured(settings, paths) as c:
             task = bar.add_task(f"job {started['job_id']}", total=None, info="")
             while True:
-                st = _daemon_call(args, "GET", "/clawd/training")
+                st = follow_training(c)
                 if st["job_id"] != started["job_id"] or st["state"] in ("idle", "error"):
                     break
                 if st["phase"] == "prepare":
@@ -353,6 +356,29 @@ def cmd_train(args) -> int:
         return 130
     print(_training_summary(st.get("result")))
     return 0 if st["state"] != "error" else 1
+
+
+FOLLOW_PATIENCE_S = 600.0  # how long `train --now` waits for a daemon that is slow to answer
+FOLLOW_REQUEST_S = 30.0
+
+
+def follow_training(c, *, patience_s: float = FOLLOW_PATIENCE_S, request_s: float = FOLLOW_REQUEST_S) -> dict:
+    """The training status, waiting out a daemon that is slow to answer (it may be loading the
+    new adapter): only no answer for `patience_s`, or a refused connection, is an error. The
+    overnight timer runs `train --now`, so a slow promotion must not end it as a failure."""
+    import time
+
+    from clawd.client import DaemonUnreachable
+
+    deadline = time.monotonic() + patience_s
+    while True:
+        try:
+            return c.call("GET", "/clawd/training", timeout=request_s)
+        except DaemonUnreachable as e:
+            import httpx
+
+            if not isinstance(e.__cause__, httpx.TimeoutException) or time.monotonic() >= deadline:
+                raise
 
 
 def _miner_line(m: dict | None) -> str:

@@ -73,3 +73,84 @@ def test_config_limits_are_the_api_limits(tmp_path):
             config_ok = False
             assert "generation.temperature" in e.message and f"<= {TEMPERATURE_MAX}" in e.message
         assert config_ok == api_ok == ok
+
+
+# ---- `clawd train --now` follows the run to its end, whatever promotion takes --------------------
+
+
+class SlowThenAnswering:
+    """A stand-in daemon whose first GET /clawd/training outlasts the client's timeout (as a
+    daemon busy promoting did), then answers; it records how many requests it saw."""
+
+    def __init__(self, first_delay_s: float):
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        self.seen = 0
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_GET(self):
+                outer.seen += 1
+                if outer.seen == 1:
+                    outer.first_started.set()
+                    outer.release.wait(first_delay_s)  # the work a busy daemon is doing
+                body = json.dumps({"state": "idle", "job_id": "j"}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+        self.first_started, self.release = threading.Event(), threading.Event()
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        threading.Thread(target=self.server.serve_forever, args=(0.02,), daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def close(self):
+        self.release.set()
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_following_a_run_waits_out_a_slow_answer():
+    from clawd.cli import follow_training
+    from clawd.client import DaemonClient
+
+    slow = SlowThenAnswering(first_delay_s=5.0)
+    try:
+        with DaemonClient(slow.url) as c:
+            st = follow_training(c, patience_s=30.0, request_s=0.3)
+        assert st == {"state": "idle", "job_id": "j"} and slow.seen >= 2  # timed out once, then answered
+    finally:
+        slow.close()
+
+
+def test_following_gives_up_after_its_patience_or_at_once_when_refused():
+    from clawd.cli import follow_training
+    from clawd.client import DaemonClient, DaemonUnreachable
+    from tests.test_client import free_port
+
+    slow = SlowThenAnswering(first_delay_s=5.0)
+    try:
+        with DaemonClient(slow.url) as c, pytest.raises(DaemonUnreachable):
+            follow_training(c, patience_s=0.0, request_s=0.3)  # no patience: the first timeout ends it
+    finally:
+        slow.close()
+    with DaemonClient(f"http://127.0.0.1:{free_port()}") as c, pytest.raises(DaemonUnreachable, match="not running"):
+        follow_training(c, patience_s=30.0, request_s=0.3)  # refused: the daemon is gone, no waiting
+
+
+@pytest.mark.slow
+def test_train_now_exits_zero_after_a_promoted_run(train_daemon, clawd_home):
+    from tests.test_training_loop import make_ready_signals
+
+    make_ready_signals(train_daemon, 4)
+    proc = clawd(clawd_home, "train", "--now", CLAWD_SERVER_PORT=_port(train_daemon))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "promoted" in proc.stdout and "not running" not in proc.stdout + proc.stderr
+    assert "HTTP Request" not in proc.stderr
