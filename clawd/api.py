@@ -307,7 +307,8 @@ async def post_feedback(request: Request, state: State):
 @history.get("/signals", response_model=list[SignalView])
 async def list_signals(state: State, status: str | None = None, session_id: str | None = None, limit: int = 100):
     rows = await signals.list_signals(state.db, status=status, session_id=session_id, limit=limit)
-    return [s.public() for s in rows]
+    held = await state.scheduler.held_out([s.turn_id for s in rows]) if state.scheduler else set()
+    return [{**s.public(), "held_out": s.turn_id in held} for s in rows]
 
 
 @history.get("/signals/{turn_id}", response_model=SignalView)
@@ -315,7 +316,8 @@ async def get_signal(turn_id: str, state: State):
     sig = await signals.get(state.db, turn_id)
     if sig is None:
         raise NotFound(f"No signal for turn {turn_id!r} (side turns and unfinished turns have none).")
-    return sig.public()
+    held = await state.scheduler.held_out([turn_id]) if state.scheduler else set()
+    return {**sig.public(), "held_out": turn_id in held}
 
 
 @history.post("/signals/{turn_id}/veto", response_model=SignalView)

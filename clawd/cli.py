@@ -162,7 +162,7 @@ def _daemon_call(args, method: str, path: str, **kw):
 
 def _signal_line(s: dict) -> str:
     reward = {1: "+1", -1: "-1", 0: " 0", None: " ?"}[s.get("reward")]
-    veto = " VETOED" if s.get("vetoed") else ""
+    veto = (" VETOED" if s.get("vetoed") else "") + (" held-out" if s.get("held_out") else "")
     hint = f"  hint: {s['hint'][:60]}" if s.get("hint") else ""
     return f"{s['turn_id']}  {s['status']:<7} r={reward} ({s.get('reward_source') or '-'}){veto}{hint}"
 
@@ -253,7 +253,12 @@ def _training_summary(result: dict | None) -> str:
     if result.get("resumable"):
         return f"run {result['job_id']} stopped at step {result['stopped_at']}; the next run resumes it"
     gate = result.get("gate") or {}
-    verdict = "promoted and live" if result.get("promoted") else result.get("note", "not promoted")
+    if result.get("promoted"):
+        verdict = (
+            "promoted and live" if result.get("live", True) else "promoted, no longer live (rolled back or replaced)"
+        )
+    else:
+        verdict = result.get("note", "not promoted")
     return (
         f"adapter {result['adapter_id']}: {verdict} (gate gain {gate.get('gain', 0):+.4f} on "
         f"{gate.get('n', 0)} {gate.get('judged_on', '')} signals, KL to base {gate.get('kl_to_base', 0):.4f})"
@@ -297,6 +302,8 @@ def cmd_train(args) -> int:
         print(f"training: {st['state']}" + (f", {st['phase']} step {st['step']}/{st['total']}" if st["job_id"] else ""))
         print(f"   why: {st.get('reason', '')}")
         print(f"  last: {_training_summary(st.get('result'))}")
+        if st.get("holdout"):
+            print(f"  gate: {st['holdout']}")
         return 0
     if args.scheduled:  # the overnight timer: train only if enough signals wait, else exit 0
         _wait_for_daemon(args, SCHEDULED_WAIT_S)

@@ -147,6 +147,12 @@ class TrainingSettings:
         512, "Longest prompt+response a sample may have; longer prompts are cut from the left.", min=16
     )
     holdout: float = _f(0.2, "Fraction of signals held out from training for the eval gate.", min=0.0, max=0.9)
+    holdout_min: int = _f(
+        20,
+        "Hold signals out only once this many are ready (learned ones included); below it every signal "
+        "trains, and the gate judges on the training signals and the canaries.",
+        min=0,
+    )
     kl_bound: float = _f(
         0.5,
         "Eval gate: the candidate's mean per-token KL to the base model on the canary "

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+from dataclasses import dataclass
 
 from clawd.config import TrainingSettings
 from clawd.protocol import Message
@@ -81,18 +82,53 @@ def canary_samples(model: ServedModel) -> list[Sample]:
     return out
 
 
-async def split_signals(db: Database, model: str, holdout: float) -> tuple[list[str], list[str]]:
+@dataclass(frozen=True)
+class Holdout:
+    """Whether signals are held out for the gate now, and why (for `clawd signals`, `clawd train`
+    and the TUI). With few signals, holding a fifth out starves training: hold out only once
+    `training.holdout_min` are ready; until then the gate judges on the training signals and
+    the canaries, and says so (its `judged_on`)."""
+
+    fraction: float
+    ready: int  # ready, non-vetoed signals of the served model, learned ones included
+    needed: int
+
+    @property
+    def active(self) -> bool:
+        return self.fraction > 0 and self.ready >= self.needed
+
+    def held_out(self, turn_id: str) -> bool:
+        return self.active and is_holdout(turn_id, self.fraction)
+
+    def explain(self) -> str:
+        if self.fraction <= 0:
+            return "nothing is held out (training.holdout = 0): the gate judges on the training signals and canaries"
+        if self.active:
+            return f"{self.fraction:.0%} of signals are held out for the gate (chosen by a stable hash of the turn)"
+        return (
+            f"nothing is held out until {self.needed} signals are ready ({self.ready} now, "
+            "training.holdout_min): every signal trains; the gate judges on them and the canaries"
+        )
+
+
+async def holdout_rule(db: Database, model: str, settings: TrainingSettings) -> Holdout:
+    ready = len(await signals.trainable_ids(db, model=model))
+    return Holdout(settings.holdout, ready, settings.holdout_min)
+
+
+async def split_signals(db: Database, model: str, settings: TrainingSettings) -> tuple[list[str], list[str]]:
     """(train, held-out) turn ids a job may take: not yet learned by a live adapter, answered by
     `model`. Split before any cap, so neither side can crowd the other out of a long history;
     the gate judges on the newest held-out signals."""
+    rule = await holdout_rule(db, model, settings)
     ids = await signals.trainable_ids(db, model=model, exclude=await adapter_rows.trained_turns(db))
-    train = [t for t in ids if not is_holdout(t, holdout)]
-    held = [t for t in ids if is_holdout(t, holdout)]
+    train = [t for t in ids if not rule.held_out(t)]
+    held = [t for t in ids if rule.held_out(t)]
     return train[:MAX_TRAIN], held[-MAX_HOLDOUT:]
 
 
-async def untrained_count(db: Database, model: str, holdout: float) -> int:
-    train, _ = await split_signals(db, model, holdout)
+async def untrained_count(db: Database, model: str, settings: TrainingSettings) -> int:
+    train, _ = await split_signals(db, model, settings)
     n = 0
     for s in await signals.get_many(db, train):
         if await usable_turn(db, s):
@@ -120,7 +156,7 @@ async def build_job(
         parent_path=parent.path if parent else None,
         top_k=top_k,
     )
-    train, held = await split_signals(db, model.model_id, settings.holdout)
+    train, held = await split_signals(db, model.model_id, settings)
     for part, ids in ((job.train, train), (job.holdout, held)):
         for sig in await signals.get_many(db, ids):
             sample = await _sample(db, model, sig, settings.max_tokens)

@@ -203,6 +203,7 @@ class SignalView(BaseModel):
     created_at: float = 0.0
     updated_at: float = 0.0
     teacher_arrays: bool = False
+    held_out: bool = False  # kept out of training for the gate (training.holdout, training.holdout_min)
 
 
 class AdapterView(BaseModel):
@@ -249,6 +250,7 @@ class TrainingStatus(BaseModel):
     started_at: float | None = None
     result: dict[str, Any] | None = None  # the last finished run: adapter, gate, promoted / error
     reason: str = ""  # why the scheduler is (not) training now
+    holdout: str = ""  # what is held out for the gate, and why (GET /clawd/training)
 
     def public(self) -> dict:
         return self.model_dump()

@@ -123,7 +123,7 @@ class Scheduler:
             return False, "automatic training is off (training.auto)"
         if self.running:
             return False, "a run is in progress"
-        n = await jobs.untrained_count(self.db, self.model.model_id, s.holdout)
+        n = await jobs.untrained_count(self.db, self.model.model_id, s)
         if n < s.min_signals:
             return False, f"{n} of {s.min_signals} untrained signals ready"
         if n < self._retry_at:
@@ -162,7 +162,7 @@ class Scheduler:
         """Train now on the ready signals (ignores the idle/window rules). With `if_ready`
         (timers), only when training.min_signals are waiting; otherwise say why not."""
         if if_ready:
-            n = await jobs.untrained_count(self.db, self.model.model_id, self.settings.holdout)
+            n = await jobs.untrained_count(self.db, self.model.model_id, self.settings)
             if self.running or n < self.settings.min_signals:
                 reason = (
                     "a run is in progress"
@@ -173,11 +173,21 @@ class Scheduler:
         return {"job_id": await self.run_now(), "state": "running"}
 
     async def report(self) -> dict:
-        """The status, with why it is not training when it is not."""
+        """The status, with why it is not training when it is not, what is held out for the gate,
+        and whether the last run's adapter is still the one served."""
         st = self.status.public()
         if not self.running:
             st["reason"] = (await self.should_train())[1]
+        st["holdout"] = (await jobs.holdout_rule(self.db, self.model.model_id, self.settings)).explain()
+        result = st.get("result") or {}
+        if result.get("promoted"):
+            result["live"] = result.get("adapter_id") == self.model.active_adapter
         return st
+
+    async def held_out(self, turn_ids: list[str]) -> set[str]:
+        """Which of `turn_ids` the gate keeps out of training now."""
+        rule = await jobs.holdout_rule(self.db, self.model.model_id, self.settings)
+        return {t for t in turn_ids if rule.held_out(t)}
 
     async def curve(self) -> dict:
         """Per-step metrics for curves: the current or last run of this daemon (`live`), else
@@ -293,7 +303,7 @@ class Scheduler:
             await self._wait_for_new_signals()
 
     async def _wait_for_new_signals(self) -> None:
-        untrained = await jobs.untrained_count(self.db, self.model.model_id, self.settings.holdout)
+        untrained = await jobs.untrained_count(self.db, self.model.model_id, self.settings)
         self._retry_at = untrained + self.settings.min_signals
 
     async def _promote(self, path: Path) -> dict:

@@ -154,3 +154,64 @@ def test_train_now_exits_zero_after_a_promoted_run(train_daemon, clawd_home):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "promoted" in proc.stdout and "not running" not in proc.stdout + proc.stderr
     assert "HTTP Request" not in proc.stderr
+
+
+# ---- where did my corrections go? the hold-out rule ------------------------------------------------
+
+
+@pytest.fixture
+def md_holdout(fake_daemon):
+    from tests.test_training_loop import make_ready_signals
+
+    return fake_daemon, make_ready_signals(fake_daemon, 6)
+
+
+def test_few_signals_are_not_held_out_and_the_status_says_why(md_holdout):
+    import hashlib
+
+    from clawd import jobs
+    from clawd.config import TrainingSettings
+
+    d, ids = md_holdout
+    db, model = d.state.db, d.state.model.model_id
+    # A fraction that holds out exactly the three turns with the smallest hashes, once active.
+    h = sorted(int.from_bytes(hashlib.sha256(t.encode()).digest()[:8], "big") / 2**64 for t in ids)
+    fraction = h[3]
+    few = TrainingSettings(holdout=fraction, holdout_min=len(ids) + 1)
+    rule = d.run(jobs.holdout_rule(db, model, few))
+    assert not rule.active and f"until {len(ids) + 1} signals are ready ({len(ids)} now" in rule.explain()
+    assert d.run(jobs.split_signals(db, model, few)) == (ids, [])  # every signal trains
+    assert d.run(jobs.untrained_count(db, model, few)) == len(ids)
+
+    enough = TrainingSettings(holdout=fraction, holdout_min=len(ids))
+    train, held = d.run(jobs.split_signals(db, model, enough))
+    assert len(held) == 3 and sorted(train + held) == sorted(ids)
+    assert all(jobs.is_holdout(t, fraction) for t in held) and not any(jobs.is_holdout(t, fraction) for t in train)
+    assert "of signals are held out for the gate" in d.run(jobs.holdout_rule(db, model, enough)).explain()
+
+
+def test_held_out_signals_are_shown_in_the_api_and_the_cli(clawd_home, tiny_gguf):
+    from clawd import jobs
+    from clawd.engines.llamacpp import Engine
+    from tests.conftest import TRAIN_ENV, start_daemon
+    from tests.test_training_loop import make_ready_signals
+
+    env = {**TRAIN_ENV, "CLAWD_TRAINING_HOLDOUT": 0.5, "CLAWD_TRAINING_HOLDOUT_MIN": 4}
+    d = start_daemon(clawd_home, Engine(tiny_gguf, n_ctx=256, n_threads=1, model_id="tiny"), env)
+    try:
+        ids = make_ready_signals(d, 6)
+        with d.client() as c:
+            shown = {s["turn_id"]: s["held_out"] for s in c.get("/clawd/signals").json()}
+            assert shown == {t: jobs.is_holdout(t, 0.5) for t in ids}
+            one = ids[0]
+            assert c.get(f"/clawd/signals/{one}").json()["held_out"] == jobs.is_holdout(one, 0.5)
+            assert "50% of signals are held out" in c.get("/clawd/training").json()["holdout"]
+        listed = clawd(clawd_home, "signals", "list", CLAWD_SERVER_PORT=_port(d))
+        assert listed.returncode == 0, listed.stderr
+        for t in ids:
+            line = next(x for x in listed.stdout.splitlines() if x.startswith(t))
+            assert ("held-out" in line) == jobs.is_holdout(t, 0.5)
+        status = clawd(clawd_home, "train", CLAWD_SERVER_PORT=_port(d))
+        assert "gate: 50% of signals are held out" in status.stdout
+    finally:
+        d.stop()

@@ -20,7 +20,7 @@ import httpx
 import numpy as np
 import pytest
 
-from clawd.config import MiningSettings
+from clawd.config import MiningSettings, TrainingSettings
 from clawd.engines.base import ScoreResult
 from clawd.engines.fake import VOCAB
 from clawd.engines.fake import Engine as FakeEngine
@@ -514,10 +514,11 @@ def test_a_long_history_never_crowds_out_new_signals(md, http, monkeypatch):
     fraction = sorted(h.values())[2]
     held = [t for t in ids if h[t] < fraction]
     train = [t for t in ids if t not in held]
-    assert md.run(data.split_signals(db, MODEL, fraction)) == (train, held)
+    every = TrainingSettings(holdout=fraction, holdout_min=0)  # hold out from the first signal
+    assert md.run(data.split_signals(db, MODEL, every)) == (train, held)
     monkeypatch.setattr(data, "MAX_TRAIN", 1)
     monkeypatch.setattr(data, "MAX_HOLDOUT", 1)
-    assert md.run(data.split_signals(db, MODEL, fraction)) == (train[:1], held[-1:])  # held out: the newest
+    assert md.run(data.split_signals(db, MODEL, every)) == (train[:1], held[-1:])  # held out: the newest
 
 
 def test_veto_unveto_round_trip(md, http, monkeypatch, capsys):

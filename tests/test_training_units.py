@@ -361,6 +361,7 @@ async def test_untrained_count_applies_the_job_builders_test(tmp_path, monkeypat
     from types import SimpleNamespace
 
     from clawd import jobs as data
+    from clawd.config import TrainingSettings
 
     sigs = [SimpleNamespace(turn_id=t, reward=1, hint=None) for t in ("ok", "gone", "empty")]
     sigs.append(SimpleNamespace(turn_id="nothing", reward=0, hint=None))
@@ -386,7 +387,7 @@ async def test_untrained_count_applies_the_job_builders_test(tmp_path, monkeypat
     monkeypatch.setattr(data.signals, "get_many", get_many)
     monkeypatch.setattr(data.adapter_rows, "trained_turns", trained_turns)
     monkeypatch.setattr(data.turns, "get_turn", get_turn)
-    assert await data.untrained_count(None, "m", 0.0) == 1
+    assert await data.untrained_count(None, "m", TrainingSettings(holdout=0.0)) == 1
     assert [s.turn_id for s in sigs if await data.usable_turn(None, s)] == ["ok"]
 
 

@@ -45,6 +45,9 @@ def signal_detail(s: dict, turn: dict | None) -> Text:
     t.append(f"   session {s['session_id']}   status {s['status']}\n")
     if s.get("vetoed"):
         t.append("VETOED: this signal will never train (v to unveto)\n", style="bold red")
+    if s.get("held_out"):
+        # With few signals nothing is held out (training.holdout_min); say so when one is.
+        t.append("held out: the eval gate judges adapters on it; it never trains\n", style="yellow")
     if turn is not None:
         asked = next((m.get("content") for m in reversed(turn["request_messages"]) if m.get("role") == "user"), "")
         t.append("\nuser  ", style="bold cyan")
