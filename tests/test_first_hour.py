@@ -215,3 +215,30 @@ def test_held_out_signals_are_shown_in_the_api_and_the_cli(clawd_home, tiny_gguf
         assert "gate: 50% of signals are held out" in status.stdout
     finally:
         d.stop()
+
+
+# ---- a correction on a stopped reply --------------------------------------------------------------
+
+
+def test_a_correction_on_a_stopped_reply_trains(clawd_home):
+    import httpx
+
+    from tests.test_miner import Convo, api_signal, feedback, mine, mining_daemon
+
+    d = mining_daemon(clawd_home)
+    try:
+        with httpx.Client(timeout=30) as http:
+            stopped = Convo(d, http).say("Suggest a color for my living room.")
+            unrated = Convo(d, http).say("What color is the sky?")
+            # The user pressed stop on both (the TUI's stop ends a turn as 'cancelled').
+            d.run(d.state.db.conn.execute("UPDATE turns SET finish_reason = 'cancelled'"))
+            d.run(d.state.db.conn.commit())
+            text = "Use a warm color such as terracotta."
+            assert feedback(http, d, turn_id=stopped, correction=text).status_code == 200
+            mine(d)
+            s = api_signal(http, d, stopped)
+            assert (s["status"], s["reward"], s["reward_source"], s["hint"]) == ("ready", -1, "feedback", text)
+            # A stopped reply nobody rated says nothing about itself: still no signal.
+            assert http.get(d.url + f"/clawd/signals/{unrated}").status_code == 404
+    finally:
+        d.stop()

@@ -94,14 +94,16 @@ def from_row(r) -> Signal:
 
 async def create_missing(db: Database) -> int:
     """A 'waiting' row for every trainable turn that has none (idempotent; catches up
-    after restarts). Cancelled and failed turns are not trainable."""
+    after restarts). Failed turns are not trainable. A cancelled turn (the user stopped it) is
+    trainable once it has explicit feedback: the user saw its tokens and said how they did."""
     now = time.time()
     async with db.transaction():
         cur = await db.conn.execute(
             "INSERT INTO signals (turn_id, session_id, status, created_at, updated_at)"
             " SELECT t.id, t.session_id, 'waiting', ?, ? FROM turns t"
             " LEFT JOIN signals s ON s.turn_id = t.id"
-            " WHERE s.turn_id IS NULL AND t.turn_type = 'main' AND t.finish_reason IN ('stop', 'length')",
+            " WHERE s.turn_id IS NULL AND t.turn_type = 'main' AND (t.finish_reason IN ('stop', 'length')"
+            " OR (t.finish_reason = 'cancelled' AND EXISTS (SELECT 1 FROM feedback f WHERE f.turn_id = t.id)))",
             (now, now),
         )
         return cur.rowcount
