@@ -132,9 +132,41 @@ def check_blas() -> Check:
         best = min(best, time.perf_counter() - t)
     gflops = 2 * 512**3 / best / 1e9
     detail = f"{name}{threads}: 512x512 float32 matmul {gflops:.1f} GFLOP/s"
-    if not blas.get("found", True) or gflops < SLOW_BLAS_GFLOPS:
-        return warning("numpy BLAS", f"{detail}; slow: install numpy's wheels from PyPI (they bundle OpenBLAS)")
-    return ok("numpy BLAS", detail)
+    return blas_verdict(
+        "numpy BLAS",
+        detail,
+        gflops,
+        SLOW_BLAS_GFLOPS,
+        optimized=blas.get("found", True) and any(lib in name.lower() for lib in FAST_BLAS),
+        remedy="install numpy's wheels from PyPI (they bundle OpenBLAS)",
+    )
+
+
+FAST_BLAS = ("openblas", "mkl", "accelerate", "blis")  # a library that is fast when the machine is free
+
+
+def blas_verdict(
+    what: str,
+    detail: str,
+    gflops: float,
+    slow_below: float,
+    *,
+    optimized: bool,
+    remedy: str,
+    load: tuple[float, int] | None = None,
+) -> Check:
+    """ok, or why it is slow: a missing optimized library (`remedy`), or, when the optimized one
+    is already in use, a busy machine: installing what is there would change nothing."""
+    if gflops >= slow_below:
+        return ok(what, detail)
+    if not optimized:
+        return warning(what, f"{detail}; slow: {remedy}")
+    avg, cores = load if load is not None else (os.getloadavg()[0], os.cpu_count() or 1)
+    return warning(
+        what,
+        f"{detail}; slower than this library runs on a free machine: the machine is busy "
+        f"(load average {avg:.1f} on {cores} cores); run `clawd doctor` again when it is idle",
+    )
 
 
 def check_mlx() -> Check:
@@ -172,13 +204,14 @@ def check_mlx_blas(paths: Paths) -> Check:
     except (subprocess.TimeoutExpired, ValueError, IndexError, OSError) as e:
         return error("mlx BLAS", f"could not measure ({e}); run `python -m clawd.training.blas {paths.cache_dir}`")
     detail = f"{out['name']}: {out['gflops']:.0f} GFLOP/s fp32 matmul ({out['detail']})"
-    if out["gflops"] < MLX_SLOW_GFLOPS:
-        return warning(
-            "mlx BLAS",
-            f"{detail}; training will be 10-60x slow: "
-            "pip install scipy-openblas32 and make sure a C compiler (cc) exists",
-        )
-    return ok("mlx BLAS", detail)
+    return blas_verdict(
+        "mlx BLAS",
+        detail,
+        out["gflops"],
+        MLX_SLOW_GFLOPS,
+        optimized=any(lib in out["name"].lower() for lib in FAST_BLAS),
+        remedy="training will be 10-60x slow: pip install scipy-openblas32 and make sure a C compiler (cc) exists",
+    )
 
 
 def check_disk(paths: Paths) -> Check:

@@ -43,8 +43,9 @@ TRAIN = [
     ("Kenya", "Nairobi"),
 ]
 HELD_OUT = [("Spain", "Madrid"), ("Japan", "Tokyo"), ("Peru", "Lima")]
-# A demo should show an effect within one short run: a few small steps at a higher learning
-# rate than the default (which is tuned for a stream of many signals). Everything else is default.
+# A demo should show an effect within one short run: a few small steps, training right after
+# the corrections, judged by the rules judge (the default "self" judge is slower). The learning
+# rate is clawd's default (1e-4), written out so the demo shows what it ran with.
 DEMO_SETTINGS = {
     "CLAWD_TRAINING_AUTO": "0",
     "CLAWD_TRAINING_LEARNING_RATE": "1e-4",

@@ -242,3 +242,18 @@ def test_a_correction_on_a_stopped_reply_trains(clawd_home):
             assert http.get(d.url + f"/clawd/signals/{unrated}").status_code == 404
     finally:
         d.stop()
+
+
+# ---- doctor: a slow BLAS measurement on a busy machine is not an install problem ------------------
+
+
+def test_doctor_blames_a_busy_machine_not_the_library_it_already_uses():
+    from clawd.doctor import blas_verdict
+
+    fast = blas_verdict("numpy BLAS", "d", 50.0, 2.0, optimized=True, remedy="install X")
+    assert fast.level == "ok"
+    busy = blas_verdict("numpy BLAS", "d", 1.0, 2.0, optimized=True, remedy="install X", load=(3.5, 2))
+    assert busy.level == "warning" and "busy (load average 3.5 on 2 cores)" in busy.detail
+    assert "install X" not in busy.detail
+    missing = blas_verdict("numpy BLAS", "d", 1.0, 2.0, optimized=False, remedy="install X")
+    assert missing.level == "warning" and "install X" in missing.detail and "busy" not in missing.detail
