@@ -12,6 +12,7 @@ from clawd.config import TEMPERATURE_MAX, load_settings
 from clawd.errors import ConfigError
 from clawd.protocol import ChatCompletionRequest
 from tests.test_serve_process import clawd
+from tests.test_tui_app import app_for  # noqa: F401 - the TUI tests' app fixture
 
 
 def _port(d) -> str:
@@ -257,3 +258,28 @@ def test_doctor_blames_a_busy_machine_not_the_library_it_already_uses():
     assert "install X" not in busy.detail
     missing = blas_verdict("numpy BLAS", "d", 1.0, 2.0, optimized=False, remedy="install X")
     assert missing.level == "warning" and "install X" in missing.detail and "busy" not in missing.detail
+
+
+# ---- the TUI: no stale "Start clawd?" after the daemon comes back --------------------------------
+
+
+async def test_the_start_offer_goes_away_when_the_daemon_comes_up_by_itself(clawd_home, app_for):
+    from clawd.engines.fake import Engine
+    from tests.conftest import start_daemon
+    from tests.test_tui_app import GREEDY, SIZE, _free_port, until
+    from tui.screens.modals import ConfirmModal
+
+    port = _free_port()
+    launched = []
+    app = app_for(f"http://127.0.0.1:{port}", start_daemon=lambda: launched.append("tui"))
+    started = []
+    try:
+        async with app.run_test(size=SIZE) as pilot:
+            await until(pilot, lambda: isinstance(app.screen, ConfirmModal), what="the offer")
+            # Started elsewhere (a service, another terminal), not through the offer.
+            started.append(start_daemon(clawd_home, Engine(n_ctx=512), {"CLAWD_SERVER_PORT": port, **GREEDY}))
+            await until(pilot, lambda: not isinstance(app.screen, ConfirmModal), timeout=30, what="the offer to go")
+            assert app.status is not None and launched == []  # gone without starting a second daemon
+    finally:
+        for d in started:
+            d.stop()

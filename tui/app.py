@@ -48,6 +48,7 @@ class ClawdApp(App):
         self.start_daemon = start_daemon
         self.poll_s = poll_s
         self.offered_start = False
+        self._start_offer: ConfirmModal | None = None  # the "Start clawd?" question while it is open
 
     def on_mount(self) -> None:
         self.refresh_status()
@@ -60,6 +61,13 @@ class ClawdApp(App):
     async def refresh_status(self) -> None:
         try:
             self.status = await self.client.status()
+            if self._start_offer is not None:
+                # The daemon came up by itself (a service, another terminal): the question is stale.
+                offer, self._start_offer = self._start_offer, None
+                if offer.is_attached:
+                    offer.dismiss(False)
+                self.notify("clawd is running.", title="clawd")
+            self.offered_start = False  # should it go away again, offer again
         except DaemonError:
             self.status = None
             if not self.offered_start:
@@ -78,17 +86,16 @@ class ClawdApp(App):
             return
 
         def chosen(yes: bool | None) -> None:
+            self._start_offer = None
             if yes:
                 self.launch_daemon()
 
-        self.push_screen(
-            ConfirmModal(
-                f"clawd is not running at {url}.\n\nStart it now (`clawd serve` in the background)?",
-                confirm="Start clawd",
-                cancel="Not now",
-            ),
-            chosen,
+        self._start_offer = ConfirmModal(
+            f"clawd is not running at {url}.\n\nStart it now (`clawd serve` in the background)?",
+            confirm="Start clawd",
+            cancel="Not now",
         )
+        self.push_screen(self._start_offer, chosen)
 
     @work(group="launch", exclusive=True)
     async def launch_daemon(self) -> None:
