@@ -283,3 +283,23 @@ async def test_the_start_offer_goes_away_when_the_daemon_comes_up_by_itself(claw
     finally:
         for d in started:
             d.stop()
+
+
+async def test_after_a_correction_the_keys_rate_the_new_reply(fake_daemon, app_for):
+    from tests.test_tui_app import SIZE, feedback_of, replies, say, until
+    from tui.screens.modals import CorrectionModal
+
+    d = fake_daemon
+    app = app_for(d.url)
+    async with app.run_test(size=SIZE) as pilot:
+        first = await say(pilot, "what is two plus two")
+        await pilot.press("shift+tab")  # from the prompt to the reply
+        await pilot.press("c")
+        await until(pilot, lambda: isinstance(app.screen, CorrectionModal), what="the correction modal")
+        await pilot.press(*"four", "enter")
+        await until(pilot, lambda: len(replies(app)) == 2 and replies(app)[-1].state == "done", what="next reply")
+        second = replies(app)[-1]
+        assert app.focused is second
+        await pilot.press("u")
+        await until(pilot, lambda: feedback_of(d, second.turn_id) == [("up", None)], what="the new reply rated")
+        assert ("up", None) not in feedback_of(d, first.turn_id)

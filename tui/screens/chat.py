@@ -218,7 +218,10 @@ class ChatScreen(ClawdScreen):
                 return
             reply.corrected = True
             reply.update_meta()
-            self.send(text)  # and the conversation goes on from the correction
+            if self.send(text):  # and the conversation goes on from the correction
+                # Focus follows the conversation: the next `u` / `d` rates the answer to the
+                # correction, not the reply already corrected.
+                self.replies[-1].focus()
 
         self.app.push_screen(CorrectionModal(reply.text), corrected)
 
