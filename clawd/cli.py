@@ -76,6 +76,14 @@ def cmd_chat(args) -> int:
 
     settings, paths = _setup(args)
     base_url, token = daemon_url(settings), daemon_token(paths)
+    # A log line on stderr would be drawn over the TUI: while it runs, logs go to a file.
+    paths.log_dir.mkdir(parents=True, exist_ok=True)
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        root.removeHandler(handler)
+    file_handler = logging.FileHandler(paths.log_dir / "tui.log", encoding="utf-8")
+    file_handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root.addHandler(file_handler)
 
     def start_daemon() -> None:
         paths.log_dir.mkdir(parents=True, exist_ok=True)

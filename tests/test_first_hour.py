@@ -303,3 +303,50 @@ async def test_after_a_correction_the_keys_rate_the_new_reply(fake_daemon, app_f
         await pilot.press("u")
         await until(pilot, lambda: feedback_of(d, second.turn_id) == [("up", None)], what="the new reply rated")
         assert ("up", None) not in feedback_of(d, first.turn_id)
+
+
+# ---- `clawd chat` in a real terminal: nothing but the TUI on screen --------------------------------
+
+
+def _pane(session: str) -> str:
+    import subprocess
+
+    return subprocess.run(["tmux", "capture-pane", "-p", "-t", session], capture_output=True, text=True).stdout
+
+
+def test_clawd_chat_in_a_terminal_shows_no_log_lines(fake_daemon, clawd_home):
+    import shlex
+    import shutil
+    import subprocess
+    import sys
+    import time
+    import uuid
+
+    from tests.conftest import ROOT, make_env
+
+    if shutil.which("tmux") is None:
+        pytest.skip("tmux is not installed (apt-get install tmux): it is the terminal this test drives")
+    session = "clawd-" + uuid.uuid4().hex[:8]
+    # The most talkative setting: every log line the CLI or the TUI's HTTP client could print.
+    env = make_env(clawd_home, CLAWD_SERVER_PORT=_port(fake_daemon), CLAWD_LOG_LEVEL="debug")
+    exports = " ".join(f"{k}={shlex.quote(str(v))}" for k, v in env.items() if k.startswith(("CLAWD", "PYTHON")))
+    cmd = f"cd {shlex.quote(str(ROOT))} && env {exports} {shlex.quote(sys.executable)} -m clawd.cli chat"
+    subprocess.run(["tmux", "new-session", "-d", "-s", session, "-x", "120", "-y", "40", cmd], check=True)
+
+    def wait_for(text: str, timeout: float = 30.0) -> str:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            screen = _pane(session)
+            if text in screen:
+                return screen
+            time.sleep(0.1)  # polling a terminal: there is no event to wait on
+        raise AssertionError(f"{text!r} never appeared; the screen:\n{_pane(session)}")
+
+    try:
+        wait_for("fake")  # the status bar names the served model once the daemon answered
+        subprocess.run(["tmux", "send-keys", "-t", session, "hello there", "Enter"], check=True)
+        screen = wait_for("You said: hello there")
+        for noise in ("DEBUG", "INFO", "HTTP Request", "httpx", "Traceback"):
+            assert noise not in screen, screen
+    finally:
+        subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True)
