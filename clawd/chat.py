@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from clawd import sessions
 from clawd.config import GenerationSettings
 from clawd.engines.base import SampledToken, SamplingParams
-from clawd.errors import ClawdError, EngineError, InvalidRequest
+from clawd.errors import ClawdError, ContextLengthExceeded, EngineError, InvalidRequest
 from clawd.protocol import ChatCompletionRequest, CompletionRequest, Message, Usage
 from clawd.served import ServedModel
 from clawd.stops import StopMatcher
@@ -169,11 +169,15 @@ class ChatService:
         if not prompt_ids:
             raise InvalidRequest("prompt must not be empty.", param="prompt")
         n_ctx = model.info.n_ctx
-        model.check_context(
-            len(prompt_ids),
-            f"This model's maximum context length is {n_ctx} tokens. "
-            f"However, your prompt resulted in {len(prompt_ids)} tokens. Shorten the prompt.",
-        )
+        try:
+            model.check_context(
+                len(prompt_ids),
+                f"This model's maximum context length is {n_ctx} tokens. "
+                f"However, your prompt resulted in {len(prompt_ids)} tokens. Shorten the prompt.",
+            )
+        except ContextLengthExceeded as e:
+            e.param = "prompt"  # there are no messages here
+            raise
         session_id, source = headers.get("x-session-id"), "header"
         if not session_id:
             session_id, source = (req.session_id, "body") if req.session_id else (sessions.new_session_id(), "new")
