@@ -17,9 +17,11 @@ import openai
 import pytest
 
 from clawd.config import MiningSettings
+from clawd.engines.base import SamplingParams
 from clawd.engines.fake import EOS
 from clawd.engines.fake import Engine as FakeEngine
 from clawd.miner import Miner
+from clawd.protocol import Message
 from clawd.store import signals, turns
 from tests.conftest import start_daemon
 from tui.client import DaemonClient, StreamFinished, StreamStarted
@@ -330,6 +332,10 @@ def test_reply_without_leading_whitespace_tokens_kept(clawd_home):
 
         streamed, reopened = asyncio.run(tui_view())
         assert streamed == reopened == "You said: from the tui"
+        # side-by-side answers (review.py) and judges read replies the same way
+        model = d.state.model
+        answer = d.run(model.complete([Message(role="user", content="hi")], SamplingParams(temperature=0)))
+        assert answer == "You said: hi"
     finally:
         d.stop()
 
