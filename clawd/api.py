@@ -177,8 +177,8 @@ async def _crash(_: Request, exc: Exception):
 async def chat_completions(req: ChatCompletionRequest, request: Request, state: State):
     client = request.headers.get("user-agent")
     ts = await state.chat.start(req, request.headers, client=client)
-    include_usage = bool(req.stream_options and req.stream_options.include_usage)
     if req.stream:
+        include_usage = bool(req.stream_options and req.stream_options.include_usage)
         return _streaming(ts, _sse(ts, include_usage, bool(req.logprobs)))
     pieces = await _finish(ts, request)
     body = {
