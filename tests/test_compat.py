@@ -263,6 +263,8 @@ def test_completions_bad_requests(fake_daemon):
         with pytest.raises(openai.BadRequestError) as e:
             client.completions.create(model="x", **kw)
         assert e.value.param == param, kw
+    r = httpx.post(d.url + "/v1/completions", json={"model": "x"}, timeout=30)  # no prompt
+    assert r.status_code == 400 and r.json()["error"]["param"] == "prompt"
     assert d.run(turns.count_turns(d.state.db)) == 0
 
 
