@@ -15,12 +15,14 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
+import secrets
 import shutil
 from pathlib import Path
 
 import numpy as np
 
-from clawd.errors import AdapterError, ClawdError, NotFound
+from clawd.errors import AdapterError, ClawdError, Conflict, NotFound
 from clawd.served import ServedModel
 from clawd.store import adapters as rows
 from clawd.store import signals
@@ -293,9 +295,11 @@ class Registry:
                 shutil.rmtree(self.dir / a, ignore_errors=True)
             return sorted(tainted)
 
-    async def export(self, adapter_id: str, fmt: str | None, out: Path) -> tuple[str, Path]:
+    async def export(self, adapter_id: str, fmt: str | None, out: Path, *, force: bool = False) -> tuple[str, Path]:
         """Copy an adapter out as mlx (mlx-lm dir), gguf (one file) or peft (dir); no format:
-        gguf where the adapter has one (a GGUF base), else mlx. Returns (format, path)."""
+        gguf where the adapter has one (a GGUF base), else mlx. An existing `out` is replaced
+        only with `force` (else Conflict). Written beside `out` first, then renamed into
+        place, so a failed export leaves nothing under the name. Returns (format, path)."""
         rec = await self.get(adapter_id)
         src = Path(rec.path)
         if rec.forgotten or not src.is_dir():
@@ -310,21 +314,41 @@ class Registry:
                 "has none): export it with --format mlx or --format peft (llama.cpp's "
                 "convert_lora_to_gguf.py turns PEFT into GGUF)"
             )
-        out = Path(out).expanduser()
+        out = Path(out)
+        if (out.exists() or out.is_symlink()) and not force:
+            raise Conflict(f"{out.name} exists already: export under another name, or overwrite it with force")
         try:
-            if fmt == "gguf":
-                out.parent.mkdir(parents=True, exist_ok=True)
-                shutil.copyfile(src / "adapter.gguf", out)
-            elif fmt == "mlx":
-                out.mkdir(parents=True, exist_ok=True)
-                for name in ("adapters.safetensors", "adapter_config.json"):
-                    shutil.copyfile(src / name, out / name)
-            else:
-                from clawd.training.export import mlx_to_peft
-
-                mlx_to_peft(src, out, base_model=rec.model)
+            await asyncio.to_thread(_write_export, src, fmt, out, rec.model)
         except OSError as e:
             raise AdapterError(
                 f"could not export {adapter_id} to {out}: {e.strerror or e}; pick a writable path"
             ) from e
         return fmt, out
+
+
+def _write_export(src: Path, fmt: str, out: Path, base_model: str) -> None:
+    """Write the export to a hidden name beside `out`, then swap it in (an existing `out`,
+    file, folder or link, is removed, never followed)."""
+    out.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    tmp = out.parent / f".{out.name}.partial-{secrets.token_hex(4)}"
+    try:
+        if fmt == "gguf":
+            shutil.copyfile(src / "adapter.gguf", tmp)
+        elif fmt == "mlx":
+            tmp.mkdir(mode=0o700)
+            for name in ("adapters.safetensors", "adapter_config.json"):
+                shutil.copyfile(src / name, tmp / name)
+        else:
+            from clawd.training.export import mlx_to_peft
+
+            mlx_to_peft(src, tmp, base_model=base_model)
+        if out.is_symlink() or out.is_file():
+            out.unlink()
+        elif out.is_dir():
+            shutil.rmtree(out)
+        os.replace(tmp, out)
+    finally:
+        if tmp.is_dir() and not tmp.is_symlink():
+            shutil.rmtree(tmp, ignore_errors=True)
+        elif tmp.exists():
+            tmp.unlink()

@@ -10,12 +10,12 @@ and unknown routes; a bad request never reaches the engine and never gets a 5xx.
 from __future__ import annotations
 
 import asyncio
-import hmac
 import json
 import logging
 import os
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, FastAPI, Request
@@ -24,10 +24,10 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from clawd import __version__, feedback, review, sessions
+from clawd import __version__, feedback, guard, review, sessions
 from clawd.adapters import Registry
 from clawd.chat import ChatService, Piece, TurnStream
-from clawd.errors import AuthError, ClawdError, InvalidRequest, ModelNotFound, NotFound
+from clawd.errors import ClawdError, InvalidRequest, ModelNotFound, NotFound
 from clawd.logprobs import chat_logprobs, completion_logprobs
 from clawd.miner import Miner
 from clawd.protocol import (
@@ -36,6 +36,8 @@ from clawd.protocol import (
     AdapterView,
     ChatCompletionRequest,
     CompletionRequest,
+    ExportRequest,
+    ExportResult,
     ModelCard,
     ModelList,
     ScoreRequest,
@@ -55,7 +57,6 @@ from clawd.store import signals, turns
 from clawd.store.db import Database
 
 log = logging.getLogger(__name__)
-LOOPBACK = {"127.0.0.1", "::1", "localhost"}
 
 
 @dataclass
@@ -67,10 +68,12 @@ class ApiState:
     db: Database
     miner: Miner | None  # None when mining is disabled
     token: str
-    require_token: bool
     host: str
     port: int
     home: str
+    exports_dir: str = ""  # where POST /clawd/adapters/{id}/export writes; "" = no exports
+    trust_loopback: bool = False  # server.trust_loopback: loopback needs no token
+    allowed_origins: str = ""  # server.allowed_origins
     config: ReloadState | None = None  # while config.toml is watched
     registry: Registry | None = None  # None: no training on this engine (training_off says why)
     scheduler: Scheduler | None = None
@@ -114,19 +117,6 @@ def _state(request: Request) -> ApiState:
 State = Annotated[ApiState, Depends(_state)]
 
 
-def authorize(request: Request, state: State) -> None:
-    """Loopback clients are trusted unless require_token; anyone else needs the token."""
-    host = request.client.host if request.client else ""
-    if host in LOOPBACK and not state.require_token:
-        return
-    header = request.headers.get("authorization", "")
-    scheme, _, given = header.partition(" ")
-    if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip(), state.token):
-        raise AuthError(
-            "Incorrect API key provided: send 'Authorization: Bearer <token>' with the token from `clawd token`."
-        )
-
-
 openai = APIRouter(tags=["openai"])
 daemon = APIRouter(prefix="/clawd", tags=["daemon"])
 history = APIRouter(prefix="/clawd", tags=["sessions, turns, feedback and signals"])
@@ -139,12 +129,23 @@ def create_app(state: ApiState) -> FastAPI:
         title="clawd", version=__version__, description="A local agent daemon that learns from your conversations."
     )
     app.state.clawd = state
+    # Outermost, so nothing runs for a request the guard refuses (clawd/guard.py).
+    app.add_middleware(
+        guard.Guard,
+        policy=guard.Policy(
+            token=state.token,
+            host=state.host,
+            port=state.port,
+            allowed_origins=state.allowed_origins,
+            trust_loopback=state.trust_loopback,
+        ),
+    )
     app.add_exception_handler(ClawdError, _clawd_error)
     app.add_exception_handler(RequestValidationError, _invalid)
     app.add_exception_handler(StarletteHTTPException, _http)
     app.add_exception_handler(Exception, _crash)
     for router in (openai, daemon, history, adapters, training):
-        app.include_router(router, dependencies=[Depends(authorize)])
+        app.include_router(router, responses=guard.RESPONSES)
     return app
 
 
@@ -473,19 +474,22 @@ async def compare_adapter(adapter_id: str, state: State, n: int = 3, max_tokens:
     )
 
 
-@adapters.post("/{adapter_id}/export")
-async def export_adapter(adapter_id: str, request: Request, state: State):
-    """{"format": "mlx"|"gguf"|"peft" (default: gguf where the adapter has one, else mlx),
-    "path": "..."}: written on this machine."""
-    try:
-        body = await request.json()
-    except ValueError:
-        raise InvalidRequest('send a JSON body {"format": ..., "path": ...}') from None
-    if not isinstance(body, dict) or not isinstance(body.get("path"), str):
-        raise InvalidRequest("'path' (a string) is required", param="path")
-    fmt = body.get("format")
-    fmt, out = await state.need_registry().export(adapter_id, None if fmt is None else str(fmt), body["path"])
-    return {"adapter_id": adapter_id, "format": fmt, "path": str(out)}
+@adapters.post(
+    "/{adapter_id}/export",
+    response_model=ExportResult,
+    responses={
+        409: guard.RESPONSES[400] | {"description": "An export of that name exists (send force: true to overwrite)"}
+    },
+)
+async def export_adapter(adapter_id: str, req: ExportRequest, state: State):
+    """Write the adapter to `<data dir>/exports/<name>` on the daemon's machine: never anywhere
+    else (`clawd adapters export ID --out PATH` copies it on from there)."""
+    if not state.exports_dir:
+        raise NotFound("exports are not available on this daemon")
+    fmt, out = await state.need_registry().export(
+        adapter_id, req.format, Path(state.exports_dir) / req.name, force=req.force
+    )
+    return ExportResult(adapter_id=adapter_id, format=fmt, path=str(out))
 
 
 # ---- training -------------------------------------------------------------------------------

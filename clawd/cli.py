@@ -10,9 +10,10 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from clawd import __version__
-from clawd.config import Settings, load_settings, settings_to_dict, write_default_config
+from clawd.config import DEPRECATED_REQUIRE_TOKEN, Settings, load_settings, settings_to_dict, write_default_config
 from clawd.errors import ClawdError
 from clawd.paths import Paths, ensure_dirs, resolve_paths
 
@@ -70,12 +71,14 @@ def cmd_chat(args) -> int:
     """The TUI, on the configured daemon; it offers to start the daemon when none answers."""
     import subprocess
 
-    from clawd.client import daemon_token, daemon_url
+    from clawd.client import daemon_url
+    from clawd.token import ensure_token
     from tui.app import ClawdApp  # the one place clawd reaches for the TUI: at this edge, lazily
     from tui.client import DaemonClient
 
     settings, paths = _setup(args)
-    base_url, token = daemon_url(settings), daemon_token(paths)
+    # The token is made here if the daemon never ran, so one the TUI starts accepts it.
+    base_url, token = daemon_url(settings), ensure_token(paths.token_file)
     # A log line on stderr would be drawn over the TUI: while it runs, logs go to a file.
     paths.log_dir.mkdir(parents=True, exist_ok=True)
     root = logging.getLogger()
@@ -132,6 +135,8 @@ def cmd_status(args) -> int:
     if args.json:
         print(json.dumps(status, indent=2))
         return 0
+    if settings.server.require_token:
+        print(f"warning: {DEPRECATED_REQUIRE_TOKEN}")
     if config_error:
         print(f"config.toml has an error (the daemon keeps its previous settings): {config_error}")
     rows = [
@@ -240,17 +245,46 @@ def cmd_adapters(args) -> int:
         out = _daemon_call(args, "POST", f"/clawd/adapters/{args.adapter_id}/activate", timeout=120)
         print(f"active: {out['active'] or 'none (base model)'} (verified live)")
     else:  # export
-        if not args.out:
-            raise ClawdError("`clawd adapters export` needs --out PATH")
-        out = _daemon_call(
-            args,
-            "POST",
-            f"/clawd/adapters/{args.adapter_id}/export",
-            timeout=120,
-            json={"format": args.format, "path": str(os.path.abspath(args.out))},
-        )
+        out = _export_adapter(args)
         print(f"exported {out['adapter_id']} as {out['format']} to {out['path']}")
     return 0
+
+
+def _export_adapter(args) -> dict:
+    """The daemon writes the export into its exports folder, the one place its API may write;
+    this command, run by the user, then moves it to --out, any path the user may write."""
+    import secrets
+    import shutil
+
+    if not args.out:
+        raise ClawdError("`clawd adapters export` needs --out PATH")
+    dest = Path(args.out).expanduser().absolute()
+    if (dest.exists() or dest.is_symlink()) and not args.force:
+        raise ClawdError(f"{dest} exists already: pass --force to overwrite it")
+    name = f"cli-{secrets.token_hex(8)}"  # a fresh name: never one the user keeps there
+    out = _daemon_call(
+        args,
+        "POST",
+        f"/clawd/adapters/{args.adapter_id}/export",
+        timeout=120,
+        json={"format": args.format, "name": name},
+    )
+    src = Path(out["path"])
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        if dest.is_symlink() or dest.is_file():
+            dest.unlink()
+        elif dest.is_dir():
+            shutil.rmtree(dest)
+        shutil.move(src, dest)
+    except OSError as e:
+        raise ClawdError(f"could not write {dest} ({e.strerror or e}): pick a writable --out path") from e
+    finally:
+        if src.is_dir() and not src.is_symlink():
+            shutil.rmtree(src, ignore_errors=True)
+        elif src.exists():
+            src.unlink()
+    return {**out, "path": str(dest)}
 
 
 def _training_summary(result: dict | None) -> str:
@@ -657,6 +691,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="export format (default: gguf on a GGUF base model, mlx on an MLX directory)",
     )
     s.add_argument("--out", help="export destination (a file for gguf, a directory otherwise)")
+    s.add_argument("--force", action="store_true", help="export: overwrite --out if it exists")
     s.add_argument("--json", action="store_true", help="machine-readable output")
     s.set_defaults(func=cmd_adapters)
 

@@ -28,6 +28,12 @@ ENV_PREFIX = "CLAWD_"
 TEMPERATURE_MAX = 2.0
 TOP_P_MIN_EXCLUSIVE = 0.0
 
+# Said in the log and by `clawd status` while config.toml still sets it.
+DEPRECATED_REQUIRE_TOKEN = (
+    "server.require_token is deprecated: the token is required from loopback too by default now "
+    "(server.trust_loopback = true is the opt-out); remove require_token from config.toml"
+)
+
 
 def _f(default, help: str, **meta):
     # One place that pairs a default with its help text (DESIGN "How to write it" rule 2).
@@ -38,7 +44,20 @@ def _f(default, help: str, **meta):
 class ServerSettings:
     host: str = _f("127.0.0.1", "Address the HTTP API listens on; keep 127.0.0.1 unless you set a token.")
     port: int = _f(8757, "TCP port of the HTTP API (0 = any free port).", min=0, max=65535)
-    require_token: bool = _f(False, "Require the bearer token even from loopback.")
+    trust_loopback: bool = _f(
+        False,
+        "Let loopback clients in without the bearer token. Off: every route but /clawd/health and the "
+        "API schema needs the token (`clawd token`), from this machine too, since every local user and "
+        "every web page in your browser can reach loopback.",
+    )
+    allowed_origins: str = _f(
+        "",
+        "Comma-separated web origins (e.g. http://localhost:3000) whose pages may send state-changing "
+        "requests (they still need the token); the daemon's own http://host:port is always allowed.",
+    )
+    require_token: bool = _f(
+        False, "Deprecated: the token is required by default now. true still forces it (over trust_loopback)."
+    )
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ import uvicorn
 from clawd.adapters import Registry
 from clawd.api import ApiState, create_app
 from clawd.chat import ChatService
-from clawd.config import Settings
+from clawd.config import DEPRECATED_REQUIRE_TOKEN, Settings
 from clawd.engines.base import Engine
 from clawd.engines.runner import EngineRunner
 from clawd.errors import ConfigError
@@ -28,7 +28,7 @@ from clawd.judge import LLMJudge
 from clawd.judge_completers import completer_for
 from clawd.miner import Miner
 from clawd.modelfile import why_untrainable
-from clawd.paths import Paths
+from clawd.paths import PRIVATE_DIR, Paths, make_private
 from clawd.reload import ConfigWatcher
 from clawd.scheduler import Scheduler
 from clawd.served import ServedModel
@@ -74,6 +74,13 @@ class _Server(uvicorn.Server):
 
 
 async def build_state(settings: Settings, paths: Paths, engine: Engine, port: int) -> ApiState:
+    try:
+        paths.data_dir.mkdir(mode=PRIVATE_DIR, parents=True, exist_ok=True)
+        make_private(paths, create_db=True)  # 0600 before SQLite makes it, or its -wal / -shm
+    except OSError as e:
+        raise ConfigError(f"cannot create the database {paths.db_file}: {e.strerror}; check CLAWD_HOME") from e
+    if settings.server.require_token:
+        log.warning(DEPRECATED_REQUIRE_TOKEN)
     db = await Database.open(paths.db_file)
     info = engine.info
     fmt = choose_format(settings.model.chat_format, info.chat_template, info.bos_token, info.eos_token, info.add_bos)
@@ -111,7 +118,10 @@ async def build_state(settings: Settings, paths: Paths, engine: Engine, port: in
         db=db,
         miner=miner,
         token=ensure_token(paths.token_file),
-        require_token=settings.server.require_token,
+        # require_token = true (deprecated) still forces the token, over trust_loopback.
+        trust_loopback=settings.server.trust_loopback and not settings.server.require_token,
+        allowed_origins=settings.server.allowed_origins,
+        exports_dir=str(paths.exports_dir),
         host=settings.server.host,
         port=port,
         home=str(paths.config_dir),

@@ -53,6 +53,30 @@ class AuthError(ClawdError):
     code = "invalid_api_key"
 
 
+class Forbidden(ClawdError):
+    """The request came from somewhere the daemon does not serve (a foreign Origin) (403)."""
+
+    status = 403
+    type = "invalid_request_error"
+    code = "forbidden_origin"
+
+
+class UnsupportedMediaType(ClawdError):
+    """A body that is not JSON sent to a JSON endpoint (415)."""
+
+    status = 415
+    type = "invalid_request_error"
+    code = "unsupported_media_type"
+
+
+class Conflict(ClawdError):
+    """The request would overwrite something that exists (409)."""
+
+    status = 409
+    type = "invalid_request_error"
+    code = "already_exists"
+
+
 class NotFound(ClawdError):
     status = 404
     type = "invalid_request_error"

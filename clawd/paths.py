@@ -53,6 +53,11 @@ class Paths:
         return self.data_dir / "adapters"
 
     @property
+    def exports_dir(self) -> Path:
+        """Where the daemon writes exported adapters (the HTTP API names nothing outside it)."""
+        return self.data_dir / "exports"
+
+    @property
     def models_dir(self) -> Path:
         return self.data_dir / "models"
 
@@ -149,8 +154,35 @@ def resolve_paths(env: Mapping[str, str], *, platform: str = sys.platform, home:
     )
 
 
+# Conversations, the token and trained adapters are the user's alone: every directory clawd
+# creates is 0700 and its database and token 0600, whatever the umask (other local users
+# share the machine). Existing installs, made 0755 / 0644 before, are fixed on every start.
+PRIVATE_DIR = 0o700
+PRIVATE_FILE = 0o600
+
+
+def private_files(paths: Paths) -> list[Path]:
+    """The files only their owner may read: the database (with SQLite's -wal / -shm) and the token."""
+    db = paths.db_file
+    return [db, db.with_name(db.name + "-wal"), db.with_name(db.name + "-shm"), paths.token_file]
+
+
+def make_private(paths: Paths, *, create_db: bool = False) -> None:
+    """Set PRIVATE_FILE on each of `private_files` that exists. With `create_db` (the daemon,
+    before it opens the store), first create the database file empty (SQLite takes that as
+    a new database) with that mode: SQLite gives -wal / -shm the database's own mode."""
+    if create_db:
+        try:
+            os.close(os.open(paths.db_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, PRIVATE_FILE))
+        except FileExistsError:
+            pass
+    for f in private_files(paths):
+        if f.exists() and not f.is_symlink() and stat.S_IMODE(f.stat().st_mode) != PRIVATE_FILE:
+            os.chmod(f, PRIVATE_FILE)
+
+
 def ensure_dirs(paths: Paths) -> None:
-    """Create every clawd directory; the runtime dir is made private (0700).
+    """Create every clawd directory, private (0700), and make the database and token 0600.
 
     Raises:
         ConfigError: a directory cannot be created, or the runtime dir belongs to
@@ -163,15 +195,17 @@ def ensure_dirs(paths: Paths) -> None:
         paths.cache_dir,
         paths.adapters_dir,
         paths.models_dir,
+        paths.exports_dir,
         # launchd will not create log dirs itself, so they must exist beforehand.
         paths.log_dir,
     ]
     try:
-        for d in dirs:
-            d.mkdir(parents=True, exist_ok=True)
-        paths.runtime_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        # mkdir's mode is masked by the umask and ignored for an existing dir: set it explicitly.
-        os.chmod(paths.runtime_dir, 0o700)
+        for d in [*dirs, paths.runtime_dir]:
+            d.mkdir(mode=PRIVATE_DIR, parents=True, exist_ok=True)
+            # mkdir's mode is masked by the umask and ignored for an existing dir: set it explicitly.
+            if stat.S_IMODE(d.stat().st_mode) != PRIVATE_DIR:
+                os.chmod(d, PRIVATE_DIR)
+        make_private(paths)
     except OSError as e:
         raise ConfigError(
             f"cannot create clawd directory {e.filename}: {e.strerror}; set CLAWD_HOME to a writable directory"

@@ -315,3 +315,46 @@ class TrainingStart(BaseModel):
     job_id: str | None  # None: not started (`reason` says why)
     state: str
     reason: str | None = None
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorResponse(BaseModel):
+    """Every error the API answers with: OpenAI's error object (CONVENTIONS.md §1)."""
+
+    error: ErrorDetail
+
+
+# An export's name: one plain file or folder name under the exports folder, so the HTTP body
+# can never name a place outside it (no separators, no "..", no NUL, no "~", bounded).
+EXPORT_NAME_MAX = 128
+EXPORT_NAME_PATTERN = r"^[A-Za-z0-9_-][A-Za-z0-9._-]{0,127}$"  # not starting with '.': no '..', no hidden
+
+
+class ExportRequest(BaseModel):
+    """POST /clawd/adapters/{id}/export: write the adapter to <data dir>/exports/<name>."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    format: Literal["gguf", "mlx", "peft"] | None = Field(
+        None, description="gguf (one file), mlx or peft (a folder); default: gguf where the adapter has one, else mlx"
+    )
+    name: str = Field(
+        ...,
+        max_length=EXPORT_NAME_MAX,
+        pattern=EXPORT_NAME_PATTERN,
+        description="a plain file or folder name (letters, digits, '.', '_', '-'; not starting with '.'): "
+        "written under the exports folder",
+    )
+    force: bool = Field(False, description="overwrite an existing export of that name")
+
+
+class ExportResult(BaseModel):
+    adapter_id: str
+    format: str
+    path: str

@@ -21,6 +21,38 @@ from clawd.paths import ensure_dirs, resolve_paths
 
 ROOT = Path(__file__).resolve().parent.parent
 
+# Every test daemon (in-process or `clawd serve`) finds this token in its home's token file,
+# so tests send it like the CLI and TUI send theirs: the API needs it from loopback too.
+TEST_TOKEN = "clawd-test-token"
+AUTH = {"Authorization": f"Bearer {TEST_TOKEN}"}
+
+
+class _Authed:
+    """httpx's one-shot functions (get, post, stream, ...) that send TEST_TOKEN."""
+
+    def __getattr__(self, name: str):
+        fn = getattr(httpx, name)
+
+        def call(*args, headers: dict | None = None, **kw):
+            return fn(*args, headers={**AUTH, **(headers or {})}, **kw)
+
+        return call
+
+
+authed = _Authed()
+
+
+def give_token(home: Path, env: dict | None = None) -> None:
+    """Write TEST_TOKEN as the home's token file (0600, as clawd makes it), unless one exists."""
+    token_file = resolve_paths(env or make_env(home)).token_file
+    token_file.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        return
+    with os.fdopen(fd, "w") as f:
+        f.write(TEST_TOKEN + "\n")
+
 
 @pytest.fixture
 def clawd_home(tmp_path) -> Path:
@@ -60,7 +92,8 @@ class RunningDaemon:
     loop: asyncio.AbstractEventLoop
 
     def client(self, **kw) -> httpx.Client:
-        return httpx.Client(base_url=self.url, timeout=30, **kw)
+        """An HTTP client of this daemon that sends the token (pass headers to override)."""
+        return httpx.Client(base_url=self.url, timeout=30, **{"headers": AUTH, **kw})
 
     def run(self, coro):
         """Run a coroutine on the daemon's own event loop (for store checks)."""
@@ -81,6 +114,7 @@ def start_daemon(home: Path, engine, env_extra: dict | None = None) -> RunningDa
     )
     paths = resolve_paths(env)
     ensure_dirs(paths)
+    give_token(home, env)
     settings = load_settings(paths.config_file, env)
     ready = threading.Event()
     box: dict = {}
@@ -195,6 +229,7 @@ class ServeProcess:
 
     def __init__(self, home: Path, *args: str, env_extra: dict | None = None):
         self.home = home
+        give_token(home)
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "clawd.cli", "serve", "--port", "0", *args],
             # One thread: llama.cpp's threads spin-wait on each other, which on a loaded

@@ -19,7 +19,7 @@ import pytest
 from clawd.engines.fake import EOS
 from clawd.protocol import Message
 from clawd.store import turns
-from tests.conftest import start_daemon
+from tests.conftest import AUTH, TEST_TOKEN, start_daemon
 
 MODEL = "fake-model"
 CHAT = "/v1/chat/completions"
@@ -31,12 +31,12 @@ ERROR_TYPE = {400: "invalid_request_error", 401: "invalid_request_error", 404: "
 @pytest.fixture(autouse=True)
 def _http():
     global HTTP
-    HTTP = httpx.Client(timeout=30)
+    HTTP = httpx.Client(headers=AUTH, timeout=30)
     yield
     HTTP.close()
 
 
-def sdk(d, api_key: str = "x", **kw) -> openai.OpenAI:
+def sdk(d, api_key: str = TEST_TOKEN, **kw) -> openai.OpenAI:
     return openai.OpenAI(base_url=d.url + "/v1", api_key=api_key, max_retries=0, **kw)
 
 
@@ -390,9 +390,10 @@ def test_models(fake_daemon):
     assert_openai_error(r, 404, code="model_not_found")
     assert "gpt-4o" in r.json()["error"]["message"]
 
-    # on loopback without require_token, any key or none is accepted
-    for headers in ({}, {"Authorization": "Bearer whatever"}):
-        assert HTTP.get(d.url + "/v1/models", headers=headers).status_code == 200
+    # loopback needs the token too (other local users and web pages share it)
+    with httpx.Client(timeout=30) as bare:
+        for headers in ({}, {"Authorization": "Bearer whatever"}):
+            assert_openai_error(bare.get(d.url + "/v1/models", headers=headers), 401, code="invalid_api_key")
 
 
 # --- errors -----------------------------------------------------------------------------------
@@ -474,21 +475,27 @@ def test_sdk_raises_typed_errors(fake_daemon):
 # --- auth -------------------------------------------------------------------------------------
 
 
-def test_require_token(tmp_path):
+@pytest.mark.parametrize("env", [{}, {"CLAWD_SERVER_REQUIRE_TOKEN": "1", "CLAWD_SERVER_TRUST_LOOPBACK": "1"}])
+def test_token_required_on_loopback(tmp_path, env):
+    """The token is needed from loopback by default; the deprecated require_token = true still
+    forces it over trust_loopback."""
     from clawd.engines.fake import Engine
 
-    d = start_daemon(tmp_path / "auth-home", Engine(n_ctx=512), env_extra={"CLAWD_SERVER_REQUIRE_TOKEN": "1"})
+    d = start_daemon(tmp_path / "auth-home", Engine(n_ctx=512), env_extra=env)
     try:
         token = d.state.token
         assert token
-        r = HTTP.post(d.url + CHAT, json=body(user("hi")))
+        bare = httpx.Client(timeout=30)
+        r = bare.post(d.url + CHAT, json=body(user("hi")))
         assert_openai_error(r, 401, code="invalid_api_key")
-        r = HTTP.post(d.url + CHAT, json=body(user("hi")), headers={"Authorization": "Bearer wrong"})
+        r = bare.post(d.url + CHAT, json=body(user("hi")), headers={"Authorization": "Bearer wrong"})
         assert_openai_error(r, 401, code="invalid_api_key")
-        r = HTTP.post(d.url + CHAT, json=body(user("hi")), headers={"Authorization": token})
+        r = bare.post(d.url + CHAT, json=body(user("hi")), headers={"Authorization": token})
         assert_openai_error(r, 401, code="invalid_api_key")  # scheme is required
-        assert_openai_error(HTTP.get(d.url + "/v1/models"), 401, code="invalid_api_key")
-        assert_openai_error(HTTP.get(d.url + "/clawd/status"), 401, code="invalid_api_key")
+        assert_openai_error(bare.get(d.url + "/v1/models"), 401, code="invalid_api_key")
+        assert_openai_error(bare.get(d.url + "/clawd/status"), 401, code="invalid_api_key")
+        assert bare.get(d.url + "/clawd/health").status_code == 200  # open: no data behind it
+        bare.close()
         assert d.run(turns.count_turns(d.state.db)) == 0
 
         r = HTTP.post(d.url + CHAT, json=body(user("hi")), headers={"Authorization": f"Bearer {token}"})
@@ -510,7 +517,7 @@ def test_client_disconnect_cancels_generation(slow_fake_daemon):
     d = slow_fake_daemon
     msg = "".join(chr(ord("a") + i % 26) for i in range(200))
     full_reply_tokens = len(f"You said: {msg}") + 1
-    with httpx.Client(timeout=30) as client:
+    with httpx.Client(headers=AUTH, timeout=30) as client:
         with client.stream("POST", d.url + CHAT, json=body(user(msg), stream=True)) as r:
             assert r.status_code == 200
             turn_id = r.headers["x-clawd-turn-id"]
@@ -563,6 +570,8 @@ def test_client_disconnect_cancels_a_non_streaming_turn(slow_fake_daemon, monkey
             + CHAT.encode()
             + b" HTTP/1.1\r\nHost: "
             + host.encode()
+            + b"\r\nAuthorization: Bearer "
+            + TEST_TOKEN.encode()
             + b"\r\nContent-Type: application/json\r\nContent-Length: "
             + str(len(payload)).encode()
             + b"\r\n\r\n"
@@ -599,7 +608,7 @@ def test_fair_queue_concurrent_streams(slow_fake_daemon):
             start.wait(10)
             pieces, times = [], []
             with (
-                httpx.Client(timeout=60) as c,
+                httpx.Client(headers=AUTH, timeout=60) as c,
                 c.stream(
                     "POST", d.url + CHAT, json=body(user(ask), stream=True, stream_options={"include_usage": True})
                 ) as r,

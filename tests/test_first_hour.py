@@ -11,6 +11,7 @@ import pytest
 from clawd.config import TEMPERATURE_MAX, load_settings
 from clawd.errors import ConfigError
 from clawd.protocol import ChatCompletionRequest
+from tests.conftest import AUTH
 from tests.test_serve_process import clawd
 from tests.test_tui_app import app_for  # noqa: F401 - the TUI tests' app fixture
 
@@ -228,7 +229,7 @@ def test_a_correction_on_a_stopped_reply_trains(clawd_home):
 
     d = mining_daemon(clawd_home)
     try:
-        with httpx.Client(timeout=30) as http:
+        with httpx.Client(headers=AUTH, timeout=30) as http:
             stopped = Convo(d, http).say("Suggest a color for my living room.")
             unrated = Convo(d, http).say("What color is the sky?")
             # The user pressed stop on both (the TUI's stop ends a turn as 'cancelled').

@@ -32,7 +32,7 @@ from clawd.served import HINT_MARKER, ServedModel
 from clawd.store import signals, turns
 from clawd.store.db import Database
 from clawd.templates import TranscriptFormat
-from tests.conftest import start_daemon
+from tests.conftest import AUTH, start_daemon
 
 MODEL = "fake-model"
 CHAT = "/v1/chat/completions"
@@ -162,7 +162,7 @@ def wait_for(predicate, timeout: float = 15, what: str = "condition"):
 
 @pytest.fixture
 def http():
-    with httpx.Client(timeout=30) as c:
+    with httpx.Client(headers=AUTH, timeout=30) as c:
         yield c
 
 

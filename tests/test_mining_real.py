@@ -13,7 +13,7 @@ import pytest
 from clawd.models import EMBEDDED_ID, ensure_embedded_model
 from clawd.paths import ensure_dirs, resolve_paths
 from clawd.store import signals, turns
-from tests.conftest import make_env, start_daemon
+from tests.conftest import AUTH, make_env, start_daemon
 
 pytestmark = pytest.mark.slow
 
@@ -36,7 +36,7 @@ def real_mining_daemon(tmp_path_factory):
 
 def test_scripted_conversation_on_the_real_model(real_mining_daemon):
     d = real_mining_daemon
-    http = httpx.Client(base_url=d.url, timeout=60)
+    http = httpx.Client(base_url=d.url, headers=AUTH, timeout=60)
 
     def ask(messages: list[dict]) -> tuple[str, str]:
         r = http.post(

@@ -14,9 +14,10 @@ import threading
 import time
 from pathlib import Path
 
-import httpx
 import numpy as np
 import pytest
+
+from tests.conftest import authed
 
 mx = pytest.importorskip("mlx.core")
 pytest.importorskip("mlx_lm")
@@ -287,7 +288,7 @@ def test_daemon_chat_on_mlx_is_logged_with_token_ids_and_logprobs(models, clawd_
     eng = Engine(models["dir"], n_ctx=N_CTX, model_id="tiny-mlx", cache_dir=tmp_path / "cache")
     d = start_daemon(clawd_home, eng)
     try:
-        r = httpx.post(
+        r = authed.post(
             d.url + "/v1/chat/completions",
             timeout=60,
             json={
@@ -307,7 +308,7 @@ def test_daemon_chat_on_mlx_is_logged_with_token_ids_and_logprobs(models, clawd_
         assert rec.prompt_ids == eng.tokenize(rec.prompt_text, add_bos=True)
         ref = reference_logprobs(reference_model(models["dir"]), rec.prompt_ids, rec.response_ids)
         np.testing.assert_allclose(rec.response_logprobs, ref, atol=REF_ATOL, rtol=0)
-        assert httpx.get(d.url + "/v1/models", timeout=10).json()["data"][0]["id"] == "tiny-mlx"
+        assert authed.get(d.url + "/v1/models", timeout=10).json()["data"][0]["id"] == "tiny-mlx"
     finally:
         d.stop()
 
@@ -345,7 +346,7 @@ def test_serve_process_on_mlx(models, tmp_path):
     proc = ServeProcess(home, "--engine", "mlx", "--model", str(models["dir"]), env_extra={"CLAWD_MODEL_N_CTX": 256})
     try:
         url = proc.wait_ready()
-        r = httpx.post(
+        r = authed.post(
             url + "/v1/chat/completions",
             timeout=60,
             json={"model": "llama", "messages": [{"role": "user", "content": "hi"}], "temperature": 0, "max_tokens": 5},

@@ -20,7 +20,7 @@ import pytest
 
 from clawd.engines.base import SamplingParams
 from clawd.errors import AdapterError, ContextLengthExceeded, EngineError, ModelLoadError
-from tests.conftest import ServeProcess, start_daemon
+from tests.conftest import AUTH, ServeProcess, authed, start_daemon
 from tests.upstream import LlamaCppServer, free_port
 
 N_CTX = 256
@@ -168,7 +168,7 @@ def test_chat_through_the_daemon_is_logged_with_ids_and_logprobs(upstream, local
 
     d = start_daemon(clawd_home, Engine(upstream, n_ctx=N_CTX))
     try:
-        with httpx.Client(timeout=60) as http:
+        with httpx.Client(headers=AUTH, timeout=60) as http:
             model = http.get(d.url + "/v1/models").json()["data"][0]["id"]
             body = {
                 "model": model,
@@ -200,9 +200,9 @@ def test_clawd_serve_engine_openai(upstream, clawd_home):
     )
     try:
         url = p.wait_ready(120)
-        status = httpx.get(url + "/clawd/status", timeout=10).json()
+        status = authed.get(url + "/clawd/status", timeout=10).json()
         assert status["engine"] == "openai"
-        r = httpx.post(
+        r = authed.post(
             url + "/v1/chat/completions",
             timeout=60,
             json={"model": status["model"], "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3},

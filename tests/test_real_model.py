@@ -9,7 +9,7 @@ import pytest
 from clawd.models import EMBEDDED_ID, ensure_embedded_model
 from clawd.paths import ensure_dirs, resolve_paths
 from clawd.store import turns
-from tests.conftest import make_env, start_daemon
+from tests.conftest import TEST_TOKEN, make_env, start_daemon
 
 pytestmark = pytest.mark.slow
 
@@ -30,7 +30,7 @@ def real_daemon(tmp_path_factory):
 
 
 def test_answers_a_simple_question(real_daemon):
-    client = openai.OpenAI(base_url=real_daemon.url + "/v1", api_key="local")
+    client = openai.OpenAI(base_url=real_daemon.url + "/v1", api_key=TEST_TOKEN)
     out = client.chat.completions.create(
         model=EMBEDDED_ID,
         temperature=0,
@@ -50,7 +50,7 @@ def test_answers_a_simple_question(real_daemon):
 
 
 def test_streams_per_token_and_logs_the_sampled_tokens(real_daemon):
-    client = openai.OpenAI(base_url=real_daemon.url + "/v1", api_key="local")
+    client = openai.OpenAI(base_url=real_daemon.url + "/v1", api_key=TEST_TOKEN)
     stream = client.chat.completions.create(
         model=EMBEDDED_ID,
         temperature=0.8,

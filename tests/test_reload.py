@@ -14,12 +14,11 @@ import threading
 import time
 from pathlib import Path
 
-import httpx
 import pytest
 
 from clawd.config import load_settings
 from clawd.paths import ensure_dirs, resolve_paths
-from tests.conftest import ROOT, RunningDaemon, ServeProcess, make_env
+from tests.conftest import ROOT, RunningDaemon, ServeProcess, authed, make_env
 
 BASE = """\
 [generation]
@@ -51,7 +50,7 @@ def wait_status(url: str, pred, timeout: float = 10.0) -> dict:
     deadline = time.time() + timeout
     status = None
     while time.time() < deadline:
-        status = httpx.get(url + "/clawd/status", timeout=5).json()
+        status = authed.get(url + "/clawd/status", timeout=5).json()
         if pred(status):
             return status
         time.sleep(0.05)
@@ -67,7 +66,7 @@ def failed_since(t: float):
 
 
 def complete(url: str, text: str = "hello there") -> dict:
-    r = httpx.post(
+    r = authed.post(
         url + "/v1/chat/completions",
         headers=SIDE,
         timeout=60,
@@ -94,7 +93,7 @@ def served(tmp_path_factory, tiny_gguf):
 
 def test_status_shows_the_watch(served):
     _, url, _ = served
-    config = httpx.get(url + "/clawd/status").json()["config"]
+    config = authed.get(url + "/clawd/status").json()["config"]
     assert config["watching"] is True
     assert config["restart_required"] == [] and config["last_error"] is None
 
@@ -111,7 +110,7 @@ def test_max_tokens_change_applies_to_the_next_request(served):
     out = complete(url)
     assert out["usage"]["completion_tokens"] <= 3 and out["choices"][0]["finish_reason"] == "length"
     # A request's own max_tokens still wins over the default.
-    r = httpx.post(
+    r = authed.post(
         url + "/v1/chat/completions",
         headers=SIDE,
         timeout=60,
@@ -123,7 +122,7 @@ def test_max_tokens_change_applies_to_the_next_request(served):
 def test_judge_change_is_visible_in_status(served):
     home, url, _ = served
     wait_status(url, reloaded_since(edit(home, BASE)))
-    assert httpx.get(url + "/clawd/status").json()["miner"]["judge"] == "self"
+    assert authed.get(url + "/clawd/status").json()["miner"]["judge"] == "self"
     t = edit(home, BASE.replace('judge = "self"', 'judge = "rules"\nhint_judge = "rules"'), atomic=False)
     status = wait_status(url, lambda s: s["miner"]["judge"] == "rules")
     assert status["config"]["last_reload_at"] > t

@@ -9,10 +9,9 @@ import sqlite3
 import subprocess
 import sys
 
-import httpx
 import pytest
 
-from tests.conftest import ROOT, ServeProcess, make_env
+from tests.conftest import ROOT, ServeProcess, authed, make_env
 
 
 def clawd(home, *args, **env_extra) -> subprocess.CompletedProcess:
@@ -95,7 +94,7 @@ def test_status_and_models_cli(clawd_home, tiny_gguf):
 
 
 def _chat(url: str, model: str, text: str, **extra) -> dict:
-    r = httpx.post(
+    r = authed.post(
         url + "/v1/chat/completions",
         timeout=60,
         json={"model": model, "messages": [{"role": "user", "content": text}], "temperature": 0, **extra},
@@ -117,7 +116,7 @@ def _kill_mid_stream(home, model_args, model_id, max_tokens):
             "temperature": 1.0,
             "messages": [{"role": "user", "content": "tell me everything"}],
         }
-        with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=60) as r:
+        with authed.stream("POST", url + "/v1/chat/completions", json=body, timeout=60) as r:
             for line in r.iter_lines():
                 if '"content":"' in line and '"content":""' not in line:
                     serve.proc.send_signal(signal.SIGKILL)
@@ -155,7 +154,7 @@ def test_sigkill_during_stream_loses_no_completed_turn(clawd_home, tiny_gguf):
     try:
         url = serve.wait_ready()
         again = _chat(url, "tiny-llama", "after the crash", max_tokens=4)
-        turns = httpx.get(url + f"/clawd/turns/{again['id']}").json()
+        turns = authed.get(url + f"/clawd/turns/{again['id']}").json()
         assert turns["completion_tokens"] == again["usage"]["completion_tokens"]
     finally:
         serve.kill()

@@ -20,12 +20,11 @@ from fnmatch import fnmatch
 from importlib import resources
 from pathlib import Path
 
-import httpx
 import pytest
 
 from clawd import service
 from clawd.service import CommandResult
-from tests.conftest import ROOT, ServeProcess, make_env
+from tests.conftest import ROOT, ServeProcess, authed, make_env
 
 CLAWD_EXE = str(Path(sys.executable).parent / "clawd")  # the venv's entry point: exists, absolute
 
@@ -498,7 +497,7 @@ def test_sigterm_during_stream_ends_it_cleanly(clawd_home, tiny_gguf):
             "seed": 1,
             "messages": [{"role": "user", "content": "tell me everything"}],
         }
-        with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=30) as r:
+        with authed.stream("POST", url + "/v1/chat/completions", json=body, timeout=30) as r:
             turn_id = r.headers["x-clawd-turn-id"]
             for line in r.iter_lines():  # a hang here fails on the 30 s read timeout
                 if not line:

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from clawd.served import HINT_MARKER
-from tests.conftest import ROOT, make_env
+from tests.conftest import AUTH, ROOT, make_env
 from tests.test_miner import CORRECTION, CORRECTION_HINT, LP_ON, THANKS, UNRELATED, Convo, mine, mining_daemon
 
 TRL_KEYS = {
@@ -71,7 +71,7 @@ def world(tmp_path_factory):
     """One daemon's worth of mined conversations, shared by the tests of this module (read only)."""
     home = tmp_path_factory.mktemp("export-home")
     d = mining_daemon(home)
-    with httpx.Client(timeout=30) as http:
+    with httpx.Client(headers=AUTH, timeout=30) as http:
         corrected = Convo(d, http)
         t_corrected = corrected.say("Suggest a color for my living room.")
         corrected.say(CORRECTION)  # its own signal waits for a next state: not exported
@@ -215,7 +215,7 @@ def test_stdout_is_the_default_and_equals_the_file(world, tmp_path):
 
 def test_export_works_with_the_daemon_stopped_and_never_writes(tmp_path, clawd_home):
     d = mining_daemon(clawd_home)
-    with httpx.Client(timeout=30) as http:
+    with httpx.Client(headers=AUTH, timeout=30) as http:
         c = Convo(d, http)
         t1 = c.say("Suggest a color for my living room.")
         c.say(CORRECTION)

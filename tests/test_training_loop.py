@@ -21,7 +21,7 @@ import pytest
 
 from clawd.store import adapters as adapter_rows
 from clawd.store import signals
-from tests.conftest import TRAIN_ENV, ServeProcess, start_daemon
+from tests.conftest import TRAIN_ENV, ServeProcess, authed, start_daemon
 
 
 def chat(d, text: str, seed: int = 0) -> dict:
@@ -445,7 +445,7 @@ def test_scheduled_trigger_trains_only_when_signals_wait(train_daemon, monkeypat
 
 
 def score(url: str, adapter: str) -> list[float]:
-    r = httpx.post(
+    r = authed.post(
         url + "/clawd/score",
         timeout=30,
         json={
@@ -460,7 +460,7 @@ def score(url: str, adapter: str) -> list[float]:
 
 def activate_ignoring_the_kill(url: str, adapter_id: str) -> None:
     try:
-        httpx.post(f"{url}/clawd/adapters/{adapter_id}/activate", timeout=30)
+        authed.post(f"{url}/clawd/adapters/{adapter_id}/activate", timeout=30)
     except httpx.TransportError:
         pass  # the daemon was killed under the request: that is the point
 
@@ -492,7 +492,7 @@ def test_daemon_killed_during_promotion_restarts_on_old_or_new(clawd_home, tiny_
         serve = ServeProcess(clawd_home, "--model", str(tiny_gguf), env_extra=env)
         try:
             url = serve.wait_ready()
-            listed = httpx.get(url + "/clawd/adapters", timeout=30).json()
+            listed = authed.get(url + "/clawd/adapters", timeout=30).json()
             active = [a["id"] for a in listed["adapters"] if a["status"] == "active"]
             assert len(active) == 1 and active[0] in ids and listed["active"] == active[0], listed
             # Start-up re-applied and re-verified it: the served log-probs are that adapter's.

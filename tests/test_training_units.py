@@ -20,6 +20,7 @@ from clawd.jobs import fit, is_holdout
 from clawd.scheduler import in_window
 from clawd.store import adapters as rows
 from clawd.store.db import Database
+from tests.conftest import authed
 
 
 @pytest.mark.parametrize(
@@ -434,10 +435,9 @@ def test_why_untrainable_reads_headers_only(tmp_path, tiny_gguf):
 
 
 def test_without_training_the_api_says_why(fake_daemon):
-    import httpx
 
     d = fake_daemon
     for path in ("/clawd/training", "/clawd/adapters/ad-1"):
-        r = httpx.get(d.url + path, headers={"Authorization": f"Bearer {d.state.token}"})
+        r = authed.get(d.url + path, headers={"Authorization": f"Bearer {d.state.token}"})
         assert r.status_code == 404, r.text
         assert "the fake engine has no local weights to train" in r.json()["error"]["message"]

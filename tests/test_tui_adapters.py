@@ -8,11 +8,10 @@ import json
 import shutil
 import time
 
-import httpx
 import pytest
 
 from clawd.store import turns as turn_rows
-from tests.conftest import start_daemon
+from tests.conftest import TEST_TOKEN, authed, start_daemon
 from tests.test_tui_app import SIZE, notifications, until
 from tui.app import ClawdApp
 from tui.client import DaemonClient
@@ -31,7 +30,7 @@ def lora_daemon(clawd_home, tiny_gguf):
 
 
 def chat(d, text: str) -> str:
-    r = httpx.post(
+    r = authed.post(
         f"{d.url}/v1/chat/completions",
         timeout=60,
         headers={"X-Session-Id": "s-review"},
@@ -105,17 +104,17 @@ def two_adapters(lora_daemon, tmp_path):
 
 def test_adapter_signals_name_their_prompts(two_adapters):
     d, ids = two_adapters
-    out = httpx.get(f"{d.url}/clawd/adapters/ad-two/signals").json()
+    out = authed.get(f"{d.url}/clawd/adapters/ad-two/signals").json()
     assert [s["turn_id"] for s in out["signals"]] == ids[1:]
     assert [s["prompt"] for s in out["signals"]] == ["question 1?", "question 2?"]
     assert all(not s["held_out"] and not s["missing"] for s in out["signals"])
-    assert httpx.get(f"{d.url}/clawd/adapters/nope/signals").status_code == 404
+    assert authed.get(f"{d.url}/clawd/adapters/nope/signals").status_code == 404
 
 
 def test_compare_answers_side_by_side_without_logging_turns(two_adapters):
     d, ids = two_adapters
-    before = httpx.get(f"{d.url}/clawd/status").json()["turns"]
-    r = httpx.post(f"{d.url}/clawd/adapters/ad-two/compare", params={"n": 2, "max_tokens": 12}, timeout=120)
+    before = authed.get(f"{d.url}/clawd/status").json()["turns"]
+    r = authed.post(f"{d.url}/clawd/adapters/ad-two/compare", params={"n": 2, "max_tokens": 12}, timeout=120)
     assert r.status_code == 200, r.text
     out = r.json()
     assert [c["name"] for c in out["columns"]] == ["base", "previous", "this"]
@@ -125,18 +124,18 @@ def test_compare_answers_side_by_side_without_logging_turns(two_adapters):
     assert all(set(a) == {"base", "previous", "this"} for a in answers)
     # The adapters really are worn: some answer differs from the base model's (greedy, same prompt).
     assert any(a["this"] != a["base"] or a["previous"] != a["base"] for a in answers)
-    again = httpx.post(f"{d.url}/clawd/adapters/ad-two/compare", params={"n": 2, "max_tokens": 12}, timeout=120)
+    again = authed.post(f"{d.url}/clawd/adapters/ad-two/compare", params={"n": 2, "max_tokens": 12}, timeout=120)
     assert [p["answers"] for p in again.json()["prompts"]] == answers  # greedy: reproducible
-    assert httpx.get(f"{d.url}/clawd/status").json()["turns"] == before  # nothing logged as a turn
+    assert authed.get(f"{d.url}/clawd/status").json()["turns"] == before  # nothing logged as a turn
     assert d.state.model.active_adapter == "ad-two"  # comparing never switches what is served
-    bad = httpx.post(f"{d.url}/clawd/adapters/ad-two/compare", params={"n": 0})
+    bad = authed.post(f"{d.url}/clawd/adapters/ad-two/compare", params={"n": 0})
     assert bad.status_code == 400
 
 
 def test_training_history_live_then_from_the_newest_adapter(two_adapters):
     d, _ = two_adapters
     # No run in this daemon's life yet: the newest adapter with a recorded curve.
-    out = httpx.get(f"{d.url}/clawd/training/history").json()
+    out = authed.get(f"{d.url}/clawd/training/history").json()
     assert out == {
         "job_id": "ad-one",
         "source": "adapter",
@@ -145,16 +144,16 @@ def test_training_history_live_then_from_the_newest_adapter(two_adapters):
     sched = d.state.scheduler
     for step in (1, 2, 3):  # the trainer child's step events, as the scheduler reads them
         sched._event(json.dumps({"event": "step", "time": 0, "step": step, "total": 3, "loss": 1.0 / step}).encode())
-    out = httpx.get(f"{d.url}/clawd/training/history").json()
+    out = authed.get(f"{d.url}/clawd/training/history").json()
     assert out["source"] == "live" and [s["step"] for s in out["steps"]] == [1, 2, 3]
     assert out["steps"][-1]["loss"] == pytest.approx(1 / 3)
-    assert "history" not in httpx.get(f"{d.url}/clawd/status").json()["training"]  # status stays small
+    assert "history" not in authed.get(f"{d.url}/clawd/status").json()["training"]  # status stays small
 
 
 async def test_rollback_and_activate_through_the_confirmation(two_adapters):
     d, _ = two_adapters
-    app = ClawdApp(DaemonClient(d.url), poll_s=0.5)
-    active = lambda: httpx.get(f"{d.url}/clawd/status").json()["active_adapter"]  # noqa: E731
+    app = ClawdApp(DaemonClient(d.url, token=TEST_TOKEN), poll_s=0.5)
+    active = lambda: authed.get(f"{d.url}/clawd/status").json()["active_adapter"]  # noqa: E731
     async with app.run_test(size=SIZE) as pilot:
         await pilot.press("f4")
         await until(pilot, lambda: app.screen.adapters and app.screen.active == "ad-two", what="the adapters")

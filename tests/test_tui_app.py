@@ -13,7 +13,7 @@ import pytest
 
 from clawd.store import feedback as feedback_rows
 from clawd.store import signals
-from tests.conftest import start_daemon
+from tests.conftest import TEST_TOKEN, authed, start_daemon
 from tui.app import ClawdApp
 from tui.client import DaemonClient
 from tui.screens.modals import ConfirmModal, CorrectionModal
@@ -79,7 +79,7 @@ def app_for(request):
     """ClawdApp factory on a daemon URL; closes nothing itself (the app closes its client)."""
 
     def make(url: str, **kw) -> ClawdApp:
-        return ClawdApp(DaemonClient(url), poll_s=0.5, **kw)
+        return ClawdApp(DaemonClient(url, token=TEST_TOKEN), poll_s=0.5, **kw)
 
     return make
 
@@ -92,12 +92,12 @@ async def test_send_a_message_and_see_the_streamed_reply(fake_daemon, app_for):
         assert reply.state == "done" and reply.text == "You said: hello there"
         assert reply.turn_id.startswith("chatcmpl-")
         # The daemon logged exactly that turn, in the TUI's session, and the list shows the session.
-        turn = httpx.get(f"{d.url}/clawd/turns/{reply.turn_id}").json()
+        turn = authed.get(f"{d.url}/clawd/turns/{reply.turn_id}").json()
         assert turn["response_text"] == reply.text and turn["session_id"] == app.screen.session_id
         await until(pilot, lambda: len(app.screen.query("SessionItem")) == 1, what="the session list")
         # The conversation goes on: the second request carries the first exchange.
         second = await say(pilot, "and again")
-        turn = httpx.get(f"{d.url}/clawd/turns/{second.turn_id}").json()
+        turn = authed.get(f"{d.url}/clawd/turns/{second.turn_id}").json()
         assert [m["content"] for m in turn["request_messages"]] == ["hello there", "You said: hello there", "and again"]
         await until(pilot, lambda: app.status is not None and app.status["turns"] == 2, what="status")
 
@@ -122,7 +122,7 @@ async def test_thumbs_and_correction_reach_feedback(fake_daemon, app_for):
         assert ("correction", "four") in feedback_of(d, reply.turn_id)
         assert reply.corrected
         # ... and the correction went on as the next message of the same session.
-        nxt = httpx.get(f"{d.url}/clawd/turns/{replies(app)[-1].turn_id}").json()
+        nxt = authed.get(f"{d.url}/clawd/turns/{replies(app)[-1].turn_id}").json()
         assert nxt["request_messages"][-1] == {"role": "user", "content": "four"}
         assert replies(app)[-1].text == "You said: four"
 
@@ -139,7 +139,7 @@ async def test_regenerate_replaces_the_last_reply(fake_daemon, app_for):
             what="the regenerated reply",
         )
         assert len(replies(app)) == 1
-        again = httpx.get(f"{d.url}/clawd/turns/{replies(app)[-1].turn_id}").json()
+        again = authed.get(f"{d.url}/clawd/turns/{replies(app)[-1].turn_id}").json()
         assert again["requery_of"] == first.turn_id  # the daemon saw the re-ask
 
 
@@ -163,7 +163,7 @@ async def test_stop_keeps_the_partial_reply(slow_fake_daemon, app_for):
 
 def _wait_turn(url: str, turn_id: str) -> dict:
     for _ in range(100):
-        r = httpx.get(f"{url}/clawd/turns/{turn_id}")
+        r = authed.get(f"{url}/clawd/turns/{turn_id}")
         if r.status_code == 200:
             return r.json()
         time.sleep(0.05)
@@ -180,10 +180,10 @@ async def test_veto_and_forget_reach_the_signals(fake_daemon, app_for):
         await until(pilot, lambda: app.screen.signals, what="the signals table")
         assert app.screen.selected["turn_id"] == reply.turn_id
         await pilot.press("v")
-        await until(pilot, lambda: httpx.get(f"{d.url}/clawd/signals/{reply.turn_id}").json()["vetoed"], what="veto")
+        await until(pilot, lambda: authed.get(f"{d.url}/clawd/signals/{reply.turn_id}").json()["vetoed"], what="veto")
         await pilot.press("v")
         await until(
-            pilot, lambda: not httpx.get(f"{d.url}/clawd/signals/{reply.turn_id}").json()["vetoed"], what="unveto"
+            pilot, lambda: not authed.get(f"{d.url}/clawd/signals/{reply.turn_id}").json()["vetoed"], what="unveto"
         )
 
         session = app.screen.selected["session_id"]
@@ -192,13 +192,13 @@ async def test_veto_and_forget_reach_the_signals(fake_daemon, app_for):
         await pilot.pause(0.2)
         await pilot.click("#cancel")
         await pilot.pause()
-        assert httpx.get(f"{d.url}/clawd/sessions").json()[0]["id"] == session  # cancelled: kept
+        assert authed.get(f"{d.url}/clawd/sessions").json()[0]["id"] == session  # cancelled: kept
         await pilot.press("f")
         await until(pilot, lambda: isinstance(app.screen, ConfirmModal), what="the confirmation")
         await pilot.pause(0.2)
         await pilot.click("#confirm")
-        await until(pilot, lambda: httpx.get(f"{d.url}/clawd/sessions").json() == [], what="forget")
-        assert httpx.get(f"{d.url}/clawd/signals/{reply.turn_id}").status_code == 404
+        await until(pilot, lambda: authed.get(f"{d.url}/clawd/sessions").json() == [], what="forget")
+        assert authed.get(f"{d.url}/clawd/signals/{reply.turn_id}").status_code == 404
 
 
 async def test_failed_actions_notify_and_never_crash(fake_daemon, app_for):

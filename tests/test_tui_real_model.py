@@ -3,12 +3,11 @@ comes back streamed token by token, and the reply shown is the turn the daemon l
 
 from __future__ import annotations
 
-import httpx
 import pytest
 
 from clawd.models import EMBEDDED_ID, ensure_embedded_model
 from clawd.paths import ensure_dirs, resolve_paths
-from tests.conftest import make_env, start_daemon
+from tests.conftest import TEST_TOKEN, authed, make_env, start_daemon
 from tests.test_tui_app import SIZE, replies, until
 from tui.app import ClawdApp
 from tui.client import DaemonClient
@@ -32,7 +31,7 @@ def greedy_daemon(tmp_path):
 
 async def test_chat_streams_a_real_reply(greedy_daemon):
     d = greedy_daemon
-    app = ClawdApp(DaemonClient(d.url), poll_s=1.0)
+    app = ClawdApp(DaemonClient(d.url, token=TEST_TOKEN), poll_s=1.0)
     seen: list[str] = []  # the reply's text as drawn, sampled while it streams
     async with app.run_test(size=SIZE) as pilot:
         prompt = app.screen.query_one("#prompt")
@@ -52,5 +51,5 @@ async def test_chat_streams_a_real_reply(greedy_daemon):
         partial = {s for s in seen if s and s != reply.text}
         assert partial, "the reply appeared all at once: it was not streamed"
         assert all(reply.text.startswith(s.rstrip()) or s.rstrip() in reply.text for s in partial)
-        turn = httpx.get(f"{d.url}/clawd/turns/{reply.turn_id}").json()
+        turn = authed.get(f"{d.url}/clawd/turns/{reply.turn_id}").json()
         assert turn["response_text"] == reply.text and turn["model"] == app.status["model"]
