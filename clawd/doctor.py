@@ -429,6 +429,17 @@ def check_port(host: str, port: int, token: str | None = None, *, http_timeout: 
         return ok(
             "port", f"{where}: clawd {body['version']} is running there (pid {body['pid']}, model {body.get('model')})"
         )
+    # The status needs the token; the schema is open and names the server.
+    try:
+        info = httpx.get(base + "/openapi.json", timeout=http_timeout).json().get("info", {})
+    except (httpx.HTTPError, ValueError, AttributeError):
+        info = {}
+    if isinstance(info, dict) and info.get("title") == "clawd":
+        return ok(
+            "port",
+            f"{where}: clawd {info.get('version')} is running there, but it refused this home's token "
+            "(another home's daemon, or its token file changed: restart it)",
+        )
     return error("port", f"{where} is taken by another program (not clawd): stop it, or set server.port in config.toml")
 
 

@@ -32,6 +32,7 @@ def test_missing_file_gives_defaults(cfg):
     s = load_settings(cfg, {})
     assert s == Settings()
     assert s.server.host == "127.0.0.1" and s.server.port == 8757 and s.server.require_token is False
+    assert s.server.trust_loopback is False and s.server.allowed_origins == ""
     assert s.model.engine == "llamacpp" and s.model.path == "" and s.model.chat_format == "auto"
     assert s.generation.max_tokens == 512 and s.log_level == "info"
 
@@ -121,7 +122,7 @@ def test_unknown_keys_in_file_are_named_with_valid_ones(cfg):
     with pytest.raises(ConfigError) as ei:
         load_settings(cfg, {})
     msg = ei.value.message
-    assert "server.prot" in msg and "host, port, require_token" in msg
+    assert "server.prot" in msg and "host, port, trust_loopback, allowed_origins, require_token" in msg
     assert ei.value.param == "server.prot"
 
     cfg.write_text("colour = 1\n")

@@ -18,7 +18,7 @@ import pytest
 from clawd import doctor, service
 from clawd.paths import resolve_paths
 from clawd.service import CommandResult
-from tests.conftest import ROOT, make_env
+from tests.conftest import ROOT, TEST_TOKEN, make_env
 
 LINE = re.compile(r"^(ok|warning|error) {2,}(\S.*?) {2,}(\S.*)$")
 
@@ -110,8 +110,11 @@ def test_missing_model_and_bad_config(clawd_home, tmp_path):
 
 
 def test_port_check(fake_daemon):
-    check = doctor.check_port("127.0.0.1", fake_daemon.state.port)
+    check = doctor.check_port("127.0.0.1", fake_daemon.state.port, TEST_TOKEN)
     assert check.level == "ok" and "clawd" in check.detail and "running" in check.detail
+    # without the token (it was never made, or it is another home's) the daemon is still told apart
+    check = doctor.check_port("127.0.0.1", fake_daemon.state.port, "clawd-wrong")
+    assert check.level == "ok" and "clawd" in check.detail and "token" in check.detail
     assert doctor.check_port("127.0.0.1", free_port()).detail.endswith("is free for `clawd serve`")
     with socket.socket() as other:  # something that is not clawd: accepts, never answers HTTP
         other.bind(("127.0.0.1", 0))

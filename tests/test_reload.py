@@ -18,7 +18,7 @@ import pytest
 
 from clawd.config import load_settings
 from clawd.paths import ensure_dirs, resolve_paths
-from tests.conftest import ROOT, RunningDaemon, ServeProcess, authed, make_env
+from tests.conftest import ROOT, RunningDaemon, ServeProcess, authed, give_token, make_env
 
 BASE = """\
 [generation]
@@ -196,6 +196,7 @@ def start_watched(home: Path, engine, **env_extra) -> RunningDaemon:
     env = make_env(home, **env_extra)
     paths = resolve_paths(env)
     ensure_dirs(paths)
+    give_token(home, env)
     settings = load_settings(paths.config_file, env)
     box: dict = {}
     ready = threading.Event()
