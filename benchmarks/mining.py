@@ -40,6 +40,7 @@ sys.path.insert(0, str(ROOT))
 
 from clawd.client import DaemonClient  # noqa: E402
 from clawd.paths import ensure_dirs, resolve_paths  # noqa: E402
+from clawd.token import read_token  # noqa: E402
 
 # (first request, the user's next message). The rules decide corrections (-1, plus the
 # user's own sentence as a hint candidate) and thanks (+1, no hint judge); ambiguous
@@ -173,7 +174,8 @@ class Daemon:
         else:
             raise SystemExit("clawd serve did not start within 120 s")
         self.ready = time.perf_counter()
-        self.client = DaemonClient(self.url, timeout=600)
+        token = read_token(resolve_paths({"CLAWD_HOME": str(home)}).token_file)
+        self.client = DaemonClient(self.url, token=token, timeout=600)
         self.model_id = self.client.request("GET", "/v1/models").json()["data"][0]["id"]
 
     def status(self) -> dict:

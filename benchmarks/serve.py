@@ -30,6 +30,7 @@ from clawd.client import DaemonClient  # noqa: E402
 from clawd.paths import ensure_dirs, resolve_paths  # noqa: E402
 from clawd.protocol import Message  # noqa: E402
 from clawd.templates import TranscriptFormat  # noqa: E402
+from clawd.token import read_token  # noqa: E402
 
 # Throughput needs long answers; the base model stops early on most questions, so half
 # the set asks for long lists (TTFT is measured on every request alike).
@@ -140,7 +141,7 @@ def main() -> None:
     fmt = TranscriptFormat()
     proc, url = start_daemon(home, args.model and model, args.threads)
     try:
-        client = DaemonClient(url, timeout=300)
+        client = DaemonClient(url, token=read_token(paths.token_file), timeout=300)
         model_id = client.request("GET", "/v1/models").json()["data"][0]["id"]
         llm = Llama(
             model_path=str(model), n_ctx=4096, n_threads=args.threads, n_threads_batch=args.threads, verbose=False

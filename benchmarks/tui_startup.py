@@ -28,7 +28,8 @@ def child(kind: str, url: str) -> None:
         from tui.app import ClawdApp
         from tui.client import DaemonClient
 
-        base, app_args = ClawdApp, (DaemonClient(url),)
+        token = (Path(os.environ["CLAWD_HOME"]) / "token").read_text().strip()  # the TUI may not import clawd
+        base, app_args = ClawdApp, (DaemonClient(url, token=token),)
     else:
         from textual.widgets import Static
 

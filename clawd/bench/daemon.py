@@ -16,6 +16,8 @@ from pathlib import Path
 
 from clawd.client import DaemonClient
 from clawd.errors import ClawdError
+from clawd.paths import resolve_paths
+from clawd.token import read_token
 
 
 class DaemonFailed(ClawdError):
@@ -48,7 +50,9 @@ class Daemon:
                     f"clawd serve did not start; its log ({self.log}) ends:\n" + self.log.read_text()[-2000:]
                 )
             time.sleep(0.1)
-        self.http = DaemonClient(self.url, timeout=600)
+        # The API needs the token from loopback too: the one this home's daemon made.
+        token = read_token(resolve_paths({"CLAWD_HOME": str(home)}).token_file)
+        self.http = DaemonClient(self.url, token=token, timeout=600)
         self.model_id = self.get("/v1/models")["data"][0]["id"]
 
     def get(self, path: str, **params) -> dict:
