@@ -127,18 +127,27 @@ def test_a_stop_that_times_out_keeps_the_job(train_daemon):
     assert wait_run(d)["result"]["promoted"]
 
 
-def test_export_to_a_bad_path_is_a_clear_400(train_daemon, tmp_path):
+def test_export_goes_under_exports_and_the_cli_moves_it_on(train_daemon, tmp_path, monkeypatch, capsys):
+    from clawd import cli
+
     d = train_daemon
     make_ready_signals(d, 2)
     training(d, "POST")
     aid = wait_run(d)["result"]["adapter_id"]
+    exports = Path(d.state.exports_dir)
+    with d.client() as c:
+        r = c.post(f"/clawd/adapters/{aid}/export", json={"name": "ok.gguf"})  # default: gguf
+        assert r.status_code == 200 and r.json()["format"] == "gguf", r.text
+        assert r.json()["path"] == str(exports / "ok.gguf") and (exports / "ok.gguf").stat().st_size > 0
     blocker = tmp_path / "a-file"
     blocker.write_text("not a folder")
-    with d.client() as c:
-        r = c.post(f"/clawd/adapters/{aid}/export", json={"format": "gguf", "path": str(blocker / "x.gguf")})
-        assert r.status_code == 400 and "pick a writable path" in r.json()["error"]["message"], r.text
-        r = c.post(f"/clawd/adapters/{aid}/export", json={"path": str(tmp_path / "ok.gguf")})  # default: gguf
-        assert r.status_code == 200 and r.json()["format"] == "gguf" and (tmp_path / "ok.gguf").stat().st_size > 0
+    monkeypatch.setenv("CLAWD_HOME", str(d.home))
+    monkeypatch.setenv("CLAWD_SERVER_PORT", str(d.state.port))
+    capsys.readouterr()
+    assert cli.main(["adapters", "export", aid, "--out", str(blocker / "x.gguf")]) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "pick a writable --out path" in err, err
+    assert sorted(p.name for p in exports.iterdir()) == ["ok.gguf"]  # the CLI's copy is not left behind
 
 
 @pytest.mark.parametrize("train_base", ["dir"])
@@ -154,26 +163,27 @@ def test_a_dir_base_adapter_exports_as_mlx_and_peft_but_not_gguf(train_daemon, t
     training(d, "POST")
     aid = wait_run(d)["result"]["adapter_id"]
     src = Path(d.run(adapter_rows.get(d.state.db, aid)).path)
+    exports = Path(d.state.exports_dir)
     with d.client() as c:
-        r = c.post(f"/clawd/adapters/{aid}/export", json={"format": "gguf", "path": str(tmp_path / "x.gguf")})
+        r = c.post(f"/clawd/adapters/{aid}/export", json={"format": "gguf", "name": "x.gguf"})
         assert r.status_code == 400, r.text
         msg = r.json()["error"]["message"]
         assert "no GGUF form" in msg and "MLX model directory" in msg and "--format peft" in msg, msg
-        assert "\n" not in msg and not (tmp_path / "x.gguf").exists()
-        r = c.post(f"/clawd/adapters/{aid}/export", json={"format": "mlx", "path": str(tmp_path / "mlx")})
+        assert "\n" not in msg and not (exports / "x.gguf").exists()
+        r = c.post(f"/clawd/adapters/{aid}/export", json={"format": "mlx", "name": "mlx"})
         assert r.status_code == 200, r.text
-        r = c.post(f"/clawd/adapters/{aid}/export", json={"format": "peft", "path": str(tmp_path / "peft")})
+        r = c.post(f"/clawd/adapters/{aid}/export", json={"format": "peft", "name": "peft"})
         assert r.status_code == 200, r.text
     for name in ("adapters.safetensors", "adapter_config.json"):
-        assert (tmp_path / "mlx" / name).read_bytes() == (src / name).read_bytes()
+        assert (exports / "mlx" / name).read_bytes() == (src / name).read_bytes()
     mlx_w = load_file(str(src / "adapters.safetensors"))
-    peft_w = load_file(str(tmp_path / "peft" / "adapter_model.safetensors"))
+    peft_w = load_file(str(exports / "peft" / "adapter_model.safetensors"))
     assert len(peft_w) == len(mlx_w) > 0
     for name, a in mlx_w.items():
         module, leaf = name.rsplit(".", 1)
         peft_name = f"base_model.model.{module}.lora_{leaf[-1].upper()}.weight"
         np.testing.assert_array_equal(peft_w[peft_name], a.T)
-    peft_cfg = json.loads((tmp_path / "peft" / "adapter_config.json").read_text())
+    peft_cfg = json.loads((exports / "peft" / "adapter_config.json").read_text())
     assert peft_cfg["r"] == 4 and peft_cfg["lora_alpha"] == 8.0  # TRAIN_ENV: rank 4, alpha 8
 
     monkeypatch.setenv("CLAWD_HOME", str(d.home))
