@@ -24,7 +24,6 @@ import hmac
 import ipaddress
 import json
 import socket
-from collections.abc import Callable
 
 from clawd.errors import AuthError, ClawdError, Forbidden, InvalidRequest, UnsupportedMediaType
 from clawd.protocol import ErrorResponse
@@ -76,13 +75,13 @@ class Policy:
     def __init__(
         self,
         *,
-        token: Callable[[], str] | str,
+        token: str,
         host: str,
         port: int,
         allowed_origins: str | list[str] = "",
         trust_loopback: bool = False,
     ):
-        self._token = token
+        self.token = token
         self.host = host.strip().lower()
         self.port = port
         self.trust_loopback = trust_loopback
@@ -91,15 +90,11 @@ class Policy:
             names.add(self.host)
         self.host_names = frozenset(names)
         if isinstance(allowed_origins, str):
-            allowed_origins = [o for o in allowed_origins.split(",")]
+            allowed_origins = allowed_origins.split(",")
         own = {f"http://{'[' + n + ']' if ':' in n else n}:{port}" for n in self.host_names}
         self.origins = frozenset(own | {_origin(o) for o in allowed_origins if o.strip()})
         # With a wildcard listen address LAN clients name this machine: its own names count.
         self.machine_names = frozenset({socket.gethostname().lower(), socket.getfqdn().lower()} - {""})
-
-    @property
-    def token(self) -> str:
-        return self._token() if callable(self._token) else self._token
 
     def host_allowed(self, header: str) -> bool:
         name = host_name(header)
@@ -159,20 +154,19 @@ def _is_json(content_type: str) -> bool:
 class Guard:
     """ASGI middleware: answers the request itself when `check` refuses it."""
 
-    def __init__(self, app, policy: Policy | Callable[[], Policy]):
+    def __init__(self, app, policy: Policy):
         self.app = app
-        self._policy = policy
+        self.policy = policy
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        policy = self._policy() if callable(self._policy) else self._policy
         # Repeated headers: the first wins, as Starlette's Request.headers.get does.
         headers: dict[str, str] = {}
         for k, v in scope.get("headers", ()):
             headers.setdefault(k.decode("latin-1").lower(), v.decode("latin-1"))
         client = scope.get("client")
-        error = check(policy, scope["method"].upper(), scope["path"], headers, client[0] if client else "")
+        error = check(self.policy, scope["method"].upper(), scope["path"], headers, client[0] if client else "")
         if error is None:
             return await self.app(scope, receive, send)
         body = json.dumps(error.to_openai()).encode()

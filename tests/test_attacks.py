@@ -367,3 +367,28 @@ def test_an_allowed_origin_may_write(clawd_home):
             assert_refused(r, 401)
     finally:
         d.stop()
+
+
+def test_host_rules_for_a_wildcard_and_a_named_listen_address():
+    """Listening on every interface, LAN clients name this machine by address or name; a
+    rebinding page can only send its own name, which stays refused."""
+    import socket
+
+    from clawd.guard import Policy, host_name
+
+    assert [host_name(h) for h in ("localhost:8757", "[::1]:80", "::1", "127.0.0.1", "Example.COM.")] == [
+        "localhost",
+        "::1",
+        "::1",
+        "127.0.0.1",
+        "example.com",
+    ]
+    wild = Policy(token="t", host="0.0.0.0", port=8757)
+    for ok in ("192.168.1.5:8757", "[fe80::1]:8757", "localhost", f"{socket.gethostname()}:8757"):
+        assert wild.host_allowed(ok), ok
+    for bad in ("evil.example", "192.168.1.5.evil.example", ""):
+        assert not wild.host_allowed(bad), bad
+    named = Policy(token="t", host="192.168.1.5", port=8757, allowed_origins=" http://a.example/ ,")
+    assert named.host_allowed("192.168.1.5:8757") and not named.host_allowed("192.168.1.6:8757")
+    assert named.origin_allowed("http://192.168.1.5:8757") and named.origin_allowed("HTTP://A.example")
+    assert not named.origin_allowed("http://192.168.1.5:8758") and not named.origin_allowed("")
