@@ -392,3 +392,19 @@ def test_host_rules_for_a_wildcard_and_a_named_listen_address():
     assert named.host_allowed("192.168.1.5:8757") and not named.host_allowed("192.168.1.6:8757")
     assert named.origin_allowed("http://192.168.1.5:8757") and named.origin_allowed("HTTP://A.example")
     assert not named.origin_allowed("http://192.168.1.5:8758") and not named.origin_allowed("")
+
+
+def test_status_warns_that_require_token_is_deprecated(clawd_home, monkeypatch, capsys):
+    from clawd.engines.fake import Engine
+
+    d = start_daemon(clawd_home, Engine(n_ctx=512))
+    try:
+        monkeypatch.setenv("CLAWD_HOME", str(clawd_home))
+        monkeypatch.setenv("CLAWD_SERVER_PORT", str(d.state.port))
+        assert cli.main(["status"]) == 0
+        assert "deprecated" not in capsys.readouterr().out  # the CLI sent the token: status answered
+        monkeypatch.setenv("CLAWD_SERVER_REQUIRE_TOKEN", "true")
+        assert cli.main(["status"]) == 0
+        assert "warning: server.require_token is deprecated" in capsys.readouterr().out
+    finally:
+        d.stop()
