@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import json
 
-import httpx
 import numpy as np
 import openai
 import pytest
@@ -23,14 +22,14 @@ from clawd.engines.fake import Engine as FakeEngine
 from clawd.miner import Miner
 from clawd.protocol import Message
 from clawd.store import signals, turns
-from tests.conftest import start_daemon
+from tests.conftest import TEST_TOKEN, authed, start_daemon
 from tui.client import DaemonClient, StreamFinished, StreamStarted
 
 SERVED = "fake-model"
 
 
 def sdk(d) -> openai.OpenAI:
-    return openai.OpenAI(base_url=d.url + "/v1", api_key="x", max_retries=0)
+    return openai.OpenAI(base_url=d.url + "/v1", api_key=TEST_TOKEN, max_retries=0)
 
 
 def user(text: str) -> dict:
@@ -239,7 +238,7 @@ def test_completions_stream_and_logprobs(fake_daemon):
     assert f32(token_lps) == stored_logprobs(rec)
 
     # the wire itself: every event one data line, ending in [DONE]
-    with httpx.stream(
+    with authed.stream(
         "POST", d.url + "/v1/completions", json={"model": "x", "prompt": PROMPT, "stream": True}, timeout=30
     ) as r:
         lines = [line for line in r.iter_lines() if line]
@@ -263,7 +262,7 @@ def test_completions_bad_requests(fake_daemon):
         with pytest.raises(openai.BadRequestError) as e:
             client.completions.create(model="x", **kw)
         assert e.value.param == param, kw
-    r = httpx.post(d.url + "/v1/completions", json={"model": "x"}, timeout=30)  # no prompt
+    r = authed.post(d.url + "/v1/completions", json={"model": "x"}, timeout=30)  # no prompt
     assert r.status_code == 400 and r.json()["error"]["param"] == "prompt"
     assert d.run(turns.count_turns(d.state.db)) == 0
 
@@ -319,7 +318,7 @@ def test_reply_without_leading_whitespace_tokens_kept(clawd_home):
         assert deltas[0] == "Y" and "".join(deltas) == "You said: again"
 
         async def tui_view():
-            tui = DaemonClient(d.url)
+            tui = DaemonClient(d.url, token=TEST_TOKEN)
             try:
                 shown, started = [], None
                 async for ev in tui.stream_chat(SERVED, [user("from the tui")], "s-tui"):
