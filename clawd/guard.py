@@ -93,8 +93,10 @@ class Policy:
             allowed_origins = allowed_origins.split(",")
         own = {f"http://{'[' + n + ']' if ':' in n else n}:{port}" for n in self.host_names}
         self.origins = frozenset(own | {_origin(o) for o in allowed_origins if o.strip()})
-        # With a wildcard listen address LAN clients name this machine: its own names count.
-        self.machine_names = frozenset({socket.gethostname().lower(), socket.getfqdn().lower()} - {""})
+        # With a wildcard listen address LAN clients name this machine: its own names count
+        # (not getfqdn(): a DNS lookup that can stall start-up for seconds).
+        machine = socket.gethostname().lower() if self.host in WILDCARD else ""
+        self.machine_names = frozenset({machine, f"{machine}.local"} - {"", ".local"})
 
     def host_allowed(self, header: str) -> bool:
         name = host_name(header)
