@@ -28,6 +28,8 @@ from clawd import __version__, feedback, review, sessions
 from clawd.adapters import Registry
 from clawd.chat import ChatService, TurnStream
 from clawd.errors import AuthError, ClawdError, InvalidRequest, ModelNotFound, NotFound
+from clawd.limits import RESPONSES as LIMIT_RESPONSES
+from clawd.limits import BodySizeLimit
 from clawd.miner import Miner
 from clawd.protocol import (
     ActiveAdapter,
@@ -73,6 +75,7 @@ class ApiState:
     registry: Registry | None = None  # None: no training on this engine (training_off says why)
     scheduler: Scheduler | None = None
     training_off: str | None = None  # why there is no registry / scheduler
+    max_request_bytes: int = 1 << 20  # server.max_request_mb
 
     def need_registry(self) -> Registry:
         if self.registry is None:
@@ -142,7 +145,8 @@ def create_app(state: ApiState) -> FastAPI:
     app.add_exception_handler(StarletteHTTPException, _http)
     app.add_exception_handler(Exception, _crash)
     for router in (openai, daemon, history, adapters, training):
-        app.include_router(router, dependencies=[Depends(authorize)])
+        app.include_router(router, dependencies=[Depends(authorize)], responses=LIMIT_RESPONSES)
+    app.add_middleware(BodySizeLimit, max_bytes=state.max_request_bytes)
     return app
 
 
@@ -171,7 +175,13 @@ async def _crash(_: Request, exc: Exception):
 # ---- OpenAI-compatible ----------------------------------------------------------------------
 
 
-@openai.post("/v1/chat/completions")
+@openai.post(
+    "/v1/chat/completions",
+    responses={
+        507: {"description": "The disk is full: the turn could not be logged (the daemon is degraded)."},
+        503: {"description": "Busy, or the database cannot be written: the turn could not be logged."},
+    },
+)
 async def chat_completions(req: ChatCompletionRequest, request: Request, state: State):
     client = request.headers.get("user-agent")
     ts = await state.chat.start(req, request.headers, client=client)
@@ -230,7 +240,12 @@ async def model(model_id: str, state: State):
 
 
 @daemon.get("/health")
-async def health():
+async def health(state: State):
+    """{"status": "ok"}, or "degraded" with the reason ("disk full", "read-only", "other")
+    while turns cannot be logged; it turns ok by itself once a write succeeds again."""
+    storage = state.db.health
+    if storage.degraded:
+        return {"status": "degraded", "reason": storage.reason, "detail": storage.detail}
     return {"status": "ok"}
 
 
@@ -260,6 +275,7 @@ async def status(state: State):
         miner=_miner_status(state.miner),
         training=state.scheduler.status.public() if state.scheduler is not None else None,
         config=state.config.public() if state.config is not None else None,
+        storage=state.db.health.public(),
     )
 
 

@@ -3,6 +3,12 @@
 Generation runs in its own task, apart from the HTTP response that reads it: a client
 that disconnects cancels the generation (within one token step), and the turn row is
 still written by the task, whole, whatever happened to the connection.
+
+A turn ends for its reader only once its row is committed: the finish chunk (or the
+non-streamed 200) is an acknowledgement that the turn is logged. If the write fails the
+reader gets a storage error instead (507 disk full, 503 otherwise), never a finish.
+Rendering and tokenizing run on a worker thread: a long prompt costs its own request
+time, not the event loop's (health and other streams keep answering).
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ from dataclasses import dataclass, field
 from clawd import sessions
 from clawd.config import GenerationSettings
 from clawd.engines.base import SamplingParams
-from clawd.errors import ClawdError, EngineError, ModelNotFound
+from clawd.errors import ClawdError, ContextLengthExceeded, EngineError, ModelNotFound, StorageUnavailable
 from clawd.protocol import ChatCompletionRequest, Usage
 from clawd.served import ServedModel
 from clawd.stops import StopMatcher
@@ -29,6 +35,9 @@ from clawd.store.db import Database
 
 log = logging.getLogger(__name__)
 _END = object()
+# No tokenizer makes fewer than one token of 64 characters of text (real ones average 3-5),
+# so a request this long cannot fit the context: refused before paying to tokenize it.
+MAX_CHARS_PER_TOKEN = 64
 
 
 @dataclass
@@ -88,8 +97,14 @@ class ChatService:
         model = self.model
         if req.model != model.model_id:
             raise ModelNotFound(req.model)
-        rendered, prompt_ids = model.prompt(req.messages, req.tools)
         n_ctx = model.info.n_ctx
+        n_chars = sum(len(m.text()) for m in req.messages)
+        if n_chars > MAX_CHARS_PER_TOKEN * n_ctx:
+            raise ContextLengthExceeded(
+                f"This model's maximum context length is {n_ctx} tokens. However, your messages are "
+                f"{n_chars} characters long, far more than fit. Shorten the messages."
+            )
+        rendered, prompt_ids = await asyncio.to_thread(model.prompt, req.messages, req.tools)
         model.check_context(
             len(prompt_ids),
             f"This model's maximum context length is {n_ctx} tokens. "
@@ -183,23 +198,26 @@ class _TurnJob:
         finally:
             ts.finish_reason = finish
             ts.completion_tokens = len(ids)
-            ts._queue.put_nowait(_END)
         t_end = time.perf_counter()
-        if finish == "error" and not ids:
-            return  # nothing was sampled: nothing to learn from or to show
-        gen_s = (t_end - t_first) if t_first else 0.0
-        await self._record(
-            ids,
-            logprobs,
-            "".join(text),
-            finish,
-            adapter,
-            {
-                "ttft_ms": round(((t_first or t_end) - t_start) * 1000, 2),
-                "total_ms": round((t_end - t_start) * 1000, 2),
-                "completion_tok_per_s": round((len(ids) - 1) / gen_s, 2) if gen_s > 0 and len(ids) > 1 else None,
-            },
-        )
+        try:
+            if finish == "error" and not ids:
+                return  # nothing was sampled: nothing to learn from or to show
+            gen_s = (t_end - t_first) if t_first else 0.0
+            await self._record(
+                ids,
+                logprobs,
+                "".join(text),
+                finish,
+                adapter,
+                {
+                    "ttft_ms": round(((t_first or t_end) - t_start) * 1000, 2),
+                    "total_ms": round((t_end - t_start) * 1000, 2),
+                    "completion_tok_per_s": round((len(ids) - 1) / gen_s, 2) if gen_s > 0 and len(ids) > 1 else None,
+                },
+            )
+        finally:
+            # Only now may the reader finish: the row is committed (or the error says why not).
+            ts._queue.put_nowait(_END)
 
     async def _record(self, ids, logprobs, response_text, finish, adapter, timings) -> None:
         svc, req, who = self.svc, self.req, self.who
@@ -236,11 +254,21 @@ class _TurnJob:
         )
         try:
             await turns.insert_turn(svc.db, rec, source=who.source, title=_title(req))
+        except ClawdError as e:  # the disk (full, read-only): the store has made the daemon degraded
+            log.error("could not record turn %s: %s", rec.id, e.message)
+            self.ts.error, self.ts.finish_reason = e, "error"
+            return
+        except Exception as e:
+            log.exception("could not record turn %s", rec.id)
+            self.ts.error = StorageUnavailable(f"this turn could not be logged: {e}")
+            self.ts.finish_reason = "error"
+            return
+        try:
             if who.session_done:
                 await turns.mark_session_done(svc.db, who.session_id)
-            svc.on_turn()
-        except Exception:
-            log.exception("could not record turn %s", rec.id)
+        except Exception:  # the turn is logged; a session not marked done is only a missed hint
+            log.exception("could not mark session %s done", who.session_id)
+        svc.on_turn()
 
 
 def _title(req: ChatCompletionRequest) -> str | None:

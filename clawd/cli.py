@@ -153,10 +153,17 @@ def cmd_status(args) -> int:
         ("training", (status.get("training") or {}).get("state", "unavailable")),
         ("config", _config_line(status.get("config"))),
         ("database", status["db_path"]),
+        ("storage", _storage_line(status.get("storage"))),
     ]
     for k, v in rows:
         print(f"{k:>11}  {v}")
     return 0
+
+
+def _storage_line(storage: dict | None) -> str:
+    if not storage or storage.get("status") != "degraded":
+        return "ok"
+    return f"DEGRADED: {storage['reason']}, turns are not being logged ({storage['detail']})"
 
 
 def _daemon_call(args, method: str, path: str, **kw):

@@ -39,6 +39,9 @@ class ServerSettings:
     host: str = _f("127.0.0.1", "Address the HTTP API listens on; keep 127.0.0.1 unless you set a token.")
     port: int = _f(8757, "TCP port of the HTTP API (0 = any free port).", min=0, max=65535)
     require_token: bool = _f(False, "Require the bearer token even from loopback.")
+    max_request_mb: float = _f(
+        1.0, "Largest request body accepted, in MB (bigger bodies get 413 before they are read).", gt=0.0
+    )
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,7 @@ from clawd.templates import choose_format
 from clawd.token import ensure_token
 
 log = logging.getLogger(__name__)
+HEALTH_PROBE_S = 2.0  # while degraded: how often a tiny write checks whether the disk is back
 
 
 def bind_socket(host: str, port: int) -> socket.socket:
@@ -118,6 +119,7 @@ async def build_state(settings: Settings, paths: Paths, engine: Engine, port: in
         registry=registry,
         scheduler=scheduler,
         training_off=training_off,
+        max_request_bytes=int(settings.server.max_request_mb * 1024 * 1024),
     )
 
 
@@ -192,9 +194,11 @@ async def serve(
         state.miner.start()
     if state.scheduler:
         state.scheduler.start()
+    probe = asyncio.create_task(state.db.watch_health(HEALTH_PROBE_S), name="storage-probe")
     try:
         await server.serve(sockets=[sock])
     finally:
+        probe.cancel()
         if watcher:
             await watcher.stop()
         if state.scheduler:
