@@ -220,8 +220,29 @@ class _TurnJob:
             ts._queue.put_nowait(_END)
 
     async def _record(self, ids, logprobs, response_text, finish, adapter, timings) -> None:
+        svc, who, ts = self.svc, self.who, self.ts
+        # Hashing and packing a long prompt take a while: on a worker thread, like its tokenizing.
+        rec = await asyncio.to_thread(self._turn_record, ids, logprobs, response_text, finish, adapter, timings)
+        try:
+            await turns.insert_turn(svc.db, rec, source=who.source, title=_title(self.req))
+        except ClawdError as e:  # the disk (full, read-only): the store has made the daemon degraded
+            log.error("could not record turn %s: %s", rec.id, e.message)
+            ts.error, ts.finish_reason = e, "error"
+            return
+        except Exception as e:
+            log.exception("could not record turn %s", rec.id)
+            ts.error, ts.finish_reason = StorageUnavailable(f"this turn could not be logged: {e}"), "error"
+            return
+        try:
+            if who.session_done:
+                await turns.mark_session_done(svc.db, who.session_id)
+        except Exception:  # the turn is logged; a session not marked done is only a missed hint
+            log.exception("could not mark session %s done", who.session_id)
+        svc.on_turn()
+
+    def _turn_record(self, ids, logprobs, response_text, finish, adapter, timings) -> turns.TurnRecord:
         svc, req, who = self.svc, self.req, self.who
-        rec = turns.TurnRecord(
+        return turns.TurnRecord(
             id=self.ts.id,
             session_id=who.session_id,
             turn_type=who.turn_type,
@@ -252,23 +273,6 @@ class _TurnJob:
             requery_of=who.requery_of,
             client=self.client,
         )
-        try:
-            await turns.insert_turn(svc.db, rec, source=who.source, title=_title(req))
-        except ClawdError as e:  # the disk (full, read-only): the store has made the daemon degraded
-            log.error("could not record turn %s: %s", rec.id, e.message)
-            self.ts.error, self.ts.finish_reason = e, "error"
-            return
-        except Exception as e:
-            log.exception("could not record turn %s", rec.id)
-            self.ts.error = StorageUnavailable(f"this turn could not be logged: {e}")
-            self.ts.finish_reason = "error"
-            return
-        try:
-            if who.session_done:
-                await turns.mark_session_done(svc.db, who.session_id)
-        except Exception:  # the turn is logged; a session not marked done is only a missed hint
-            log.exception("could not mark session %s done", who.session_id)
-        svc.on_turn()
 
 
 def _title(req: ChatCompletionRequest) -> str | None:
