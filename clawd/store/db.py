@@ -26,6 +26,7 @@ from clawd.store.migrations import SchemaError, migrate
 
 log = logging.getLogger(__name__)
 BUSY_TIMEOUT_MS = 5000
+PROBE_ROW_ID, PROBE_BYTES = -1, 64 * 1024  # see Database.probe_write
 REPAIR_HINT = "stop clawd and run `clawd doctor --repair` (it keeps the damaged file aside and rescues what it can)"
 
 # sqlite3 primary result codes (sqlite_errorcode & 0xFF)
@@ -230,13 +231,19 @@ class Database:
                 self._tx_owner = None
 
     async def probe_write(self) -> bool:
-        """One tiny real write (a page of the WAL), to learn whether the disk takes writes
-        again while nothing else writes. Updates `health`; True when it committed."""
+        """One real write of about a turn's size, to learn whether the disk takes writes again
+        while nothing else writes. Updates `health`; True when it committed.
+
+        A row inserted and deleted in one transaction: nobody ever sees it, but its pages are
+        allocated and committed to the WAL, so a disk without room for a turn fails it (an
+        in-place update would fit in pages the file already has, and pass on a full disk)."""
         try:
             async with self.transaction() as conn:
                 await conn.execute(
-                    "UPDATE migrations SET applied_at = applied_at WHERE id = (SELECT MAX(id) FROM migrations)"
+                    "INSERT INTO migrations (id, name, applied_at) VALUES (?, zeroblob(?), 0)",
+                    (PROBE_ROW_ID, PROBE_BYTES),
                 )
+                await conn.execute("DELETE FROM migrations WHERE id = ?", (PROBE_ROW_ID,))
         except (StorageFull, StorageUnavailable):
             return False
         return True
