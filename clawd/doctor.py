@@ -31,6 +31,7 @@ from clawd.config import Settings, load_settings
 from clawd.errors import ClawdError
 from clawd.modelfile import gguf_architecture
 from clawd.paths import Paths
+from clawd.store.db import REPAIR_HINT
 
 PACKAGES = ("clawd", "llama-cpp-python", "fastapi", "uvicorn", "numpy", "aiosqlite")
 MIN_PYTHON = (3, 11)
@@ -375,13 +376,10 @@ def check_database(paths: Paths) -> Check:
         finally:
             con.close()
     except sqlite3.Error as e:
-        return error("database", f"{db} cannot be read ({e}): move it aside and let `clawd serve` start a new one")
+        return error("database", f"{db} cannot be read ({e}): {REPAIR_HINT}")
     if result != ["ok"]:
-        return error(
-            "database",
-            f"{db} is damaged ({'; '.join(result[:3])}): stop clawd, then recover it with "
-            f"`sqlite3 {db} .recover | sqlite3 fixed.db`, or move it aside",
-        )
+        findings = [ln for r in result for ln in str(r).splitlines() if ln.strip() and not ln.startswith("***")]
+        return error("database", f"{db} is damaged ({'; '.join(findings[:3])}): {REPAIR_HINT}")
     return ok("database", f"{db}: integrity ok, {turns} turns")
 
 

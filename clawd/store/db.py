@@ -297,7 +297,9 @@ async def _quick_check(conn: aiosqlite.Connection, path: Path) -> None:
     rows = await conn.execute_fetchall("PRAGMA quick_check")
     found = [str(r[0]) for r in rows]
     if found != ["ok"]:
-        raise DatabaseCorrupt(f"{path} is damaged ({found[0]}): {REPAIR_HINT}.")
+        # SQLite's report is many lines under a "*** in database main ***" header: the first finding says enough.
+        lines = [ln for r in found for ln in r.splitlines() if ln.strip() and not ln.startswith("***")]
+        raise DatabaseCorrupt(f"{path} is damaged ({lines[0] if lines else 'quick_check failed'}): {REPAIR_HINT}.")
 
 
 class DatabaseCorrupt(DatabaseUnavailable):
