@@ -227,3 +227,39 @@ def test_health_answers_within_100ms_while_a_big_prompt_is_tokenized_and_50mb_ar
         f"/clawd/health took {worst * 1000:.0f} ms at worst ({len(poller.latencies)} polls); "
         f"{idle_worst * 1000:.0f} ms with no big input"
     )
+
+
+def test_max_request_mb_is_validated_like_every_setting(tmp_path):
+    from clawd.config import load_settings
+    from clawd.errors import ConfigError
+
+    assert load_settings(tmp_path / "none.toml", {}).server.max_request_mb == 1.0
+    with pytest.raises(ConfigError, match="server.max_request_mb"):
+        load_settings(tmp_path / "none.toml", {"CLAWD_SERVER_MAX_REQUEST_MB": "0"})
+
+
+async def test_the_daemons_connections_have_tcp_nodelay():
+    """uvicorn serves on the socket daemon.bind_socket makes; asyncio sets TCP_NODELAY on its
+    connections only when that socket says IPPROTO_TCP. Without it each keep-alive response
+    waited ~40 ms (Nagle's algorithm against the client's delayed ACK)."""
+    import asyncio
+
+    from clawd.daemon import bind_socket
+
+    seen: asyncio.Future = asyncio.get_running_loop().create_future()
+
+    class Probe(asyncio.Protocol):
+        def connection_made(self, transport):
+            sock = transport.get_extra_info("socket")
+            seen.set_result(sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+            transport.close()
+
+    sock = bind_socket("127.0.0.1", 0)
+    server = await asyncio.get_running_loop().create_server(Probe, sock=sock)
+    try:
+        _, writer = await asyncio.open_connection("127.0.0.1", sock.getsockname()[1])
+        assert await asyncio.wait_for(seen, 10) != 0
+        writer.close()
+    finally:
+        server.close()
+        await server.wait_closed()
