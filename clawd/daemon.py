@@ -201,7 +201,9 @@ async def serve(
     probe = asyncio.create_task(state.db.watch_health(HEALTH_PROBE_S), name="storage-probe")
     # Everything built so far (modules, the app, the model's metadata) lives as long as the
     # daemon: frozen, the collector's full passes skip it. A full pass over it took ~50 ms,
-    # a pause that every request (health included) waited through now and then.
+    # a pause that every request (health included) waited through now and then. Collected
+    # first, so no garbage of the start-up is frozen with it.
+    gc.collect()
     gc.freeze()
     try:
         await server.serve(sockets=[sock])
