@@ -111,6 +111,18 @@ def test_a_full_disk_gives_507_and_degraded_then_recovers_by_itself(fake_daemon)
     assert d.client().get(f"/clawd/turns/{r.json()['id']}").status_code == 200
 
 
+def test_a_raw_completion_is_acknowledged_only_once_written_too(fake_daemon):
+    d = fake_daemon
+    _fill(d)
+    body = {"model": "fake-model", "prompt": "User: " + BIG + "\nAssistant:", "max_tokens": 8}
+    r = d.client().post("/v1/completions", json=body)
+    assert r.status_code == 507 and r.json()["error"]["code"] == "storage_full"
+    with d.client().stream("POST", "/v1/completions", json={**body, "stream": True}) as r:
+        parsed = [json.loads(e) for e in _sse_events(r) if e != "[DONE]"]
+    assert not [c for c in parsed if any(ch.get("finish_reason") for ch in c.get("choices", []))]
+    assert parsed[-1]["error"]["code"] == "storage_full"
+
+
 def test_a_read_only_database_gives_503_with_its_reason(fake_daemon):
     d = fake_daemon
     _pragma(d, "PRAGMA query_only = ON")
