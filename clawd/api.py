@@ -28,6 +28,8 @@ from clawd import __version__, feedback, guard, review, sessions
 from clawd.adapters import Registry
 from clawd.chat import ChatService, Piece, TurnStream
 from clawd.errors import ClawdError, InvalidRequest, ModelNotFound, NotFound
+from clawd.limits import RESPONSES as LIMIT_RESPONSES
+from clawd.limits import BodySizeLimit
 from clawd.logprobs import chat_logprobs, completion_logprobs
 from clawd.miner import Miner
 from clawd.protocol import (
@@ -78,6 +80,7 @@ class ApiState:
     registry: Registry | None = None  # None: no training on this engine (training_off says why)
     scheduler: Scheduler | None = None
     training_off: str | None = None  # why there is no registry / scheduler
+    max_request_bytes: int = 1 << 20  # server.max_request_mb
 
     def need_registry(self) -> Registry:
         if self.registry is None:
@@ -129,6 +132,9 @@ def create_app(state: ApiState) -> FastAPI:
         title="clawd", version=__version__, description="A local agent daemon that learns from your conversations."
     )
     app.state.clawd = state
+    # Starlette runs the last middleware added first. The body-size limit goes inside the guard, so a
+    # request the guard refuses never has its body counted; a big body with the token gets its 413.
+    app.add_middleware(BodySizeLimit, max_bytes=state.max_request_bytes)
     # Outermost, so nothing runs for a request the guard refuses (clawd/guard.py).
     app.add_middleware(
         guard.Guard,
@@ -145,7 +151,7 @@ def create_app(state: ApiState) -> FastAPI:
     app.add_exception_handler(StarletteHTTPException, _http)
     app.add_exception_handler(Exception, _crash)
     for router in (openai, daemon, history, adapters, training):
-        app.include_router(router, responses=guard.RESPONSES)
+        app.include_router(router, responses=guard.RESPONSES | LIMIT_RESPONSES)
     return app
 
 
@@ -174,7 +180,14 @@ async def _crash(_: Request, exc: Exception):
 # ---- OpenAI-compatible ----------------------------------------------------------------------
 
 
-@openai.post("/v1/chat/completions")
+# A turn is acknowledged only once its row is written; when it cannot be, these say why.
+TURN_RESPONSES = {
+    507: {"description": "The disk is full: the turn could not be logged (the daemon is degraded)."},
+    503: {"description": "Busy, or the database cannot be written: the turn could not be logged."},
+}
+
+
+@openai.post("/v1/chat/completions", responses=TURN_RESPONSES)
 async def chat_completions(req: ChatCompletionRequest, request: Request, state: State):
     client = request.headers.get("user-agent")
     ts = await state.chat.start(req, request.headers, client=client)
@@ -200,7 +213,7 @@ async def chat_completions(req: ChatCompletionRequest, request: Request, state: 
     return JSONResponse(body, headers=_turn_headers(ts))
 
 
-@openai.post("/v1/completions")
+@openai.post("/v1/completions", responses=TURN_RESPONSES)
 async def completions(req: CompletionRequest, request: Request, state: State):
     """The legacy raw-prompt endpoint: no chat template; logged as a side turn, never mined."""
     ts = await state.chat.start_raw(req, request.headers, client=request.headers.get("user-agent"))
@@ -279,7 +292,12 @@ async def model(model_id: str, state: State):
 
 
 @daemon.get("/health")
-async def health():
+async def health(state: State):
+    """{"status": "ok"}, or "degraded" with the reason ("disk full", "read-only", "other")
+    while turns cannot be logged; it turns ok by itself once a write succeeds again."""
+    storage = state.db.health
+    if storage.degraded:
+        return {"status": "degraded", "reason": storage.reason, "detail": storage.detail}
     return {"status": "ok"}
 
 
@@ -309,6 +327,7 @@ async def status(state: State):
         miner=_miner_status(state.miner),
         training=state.scheduler.status.public() if state.scheduler is not None else None,
         config=state.config.public() if state.config is not None else None,
+        storage=state.db.health.public(),
     )
 
 

@@ -7,6 +7,12 @@ still written by the task, whole, whatever happened to the connection.
 Two kinds of turn share that loop: a chat turn (the chat template's prompt; `main` unless the
 client says `side`) and a raw completion (/v1/completions: the client's prompt as it is,
 always logged as a `side` turn so it is never mined, see `start_raw`).
+
+A turn ends for its reader only once its row is committed: the finish chunk (or the
+non-streamed 200) is an acknowledgement that the turn is logged. If the write fails the
+reader gets a storage error instead (507 disk full, 503 otherwise), never a finish.
+Rendering and tokenizing run on a worker thread: a long prompt costs its own request
+time, not the event loop's (health and other streams keep answering).
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ from dataclasses import dataclass, field
 from clawd import sessions
 from clawd.config import GenerationSettings
 from clawd.engines.base import SampledToken, SamplingParams
-from clawd.errors import ClawdError, ContextLengthExceeded, EngineError, InvalidRequest
+from clawd.errors import ClawdError, ContextLengthExceeded, EngineError, InvalidRequest, StorageUnavailable
 from clawd.protocol import ChatCompletionRequest, CompletionRequest, Message, Usage
 from clawd.served import ServedModel
 from clawd.stops import StopMatcher
@@ -34,6 +40,9 @@ from clawd.store.db import Database
 
 log = logging.getLogger(__name__)
 _END = object()
+# No tokenizer makes fewer than one token of 64 characters of text (real ones average 3-5),
+# so a request this long cannot fit the context: refused before paying to tokenize it.
+MAX_CHARS_PER_TOKEN = 64
 RAW_FORMAT = "raw"  # the turn row's chat_format for a raw completion: no template was applied
 
 
@@ -120,8 +129,9 @@ class ChatService:
         if req.top_logprobs and not req.logprobs:
             raise InvalidRequest("top_logprobs needs logprobs: true (as with OpenAI).", param="top_logprobs")
         top = self._top_logprobs((req.top_logprobs or 0) if req.logprobs else 0, "top_logprobs")
-        rendered, prompt_ids = model.prompt(req.messages, req.tools)
         n_ctx = model.info.n_ctx
+        _refuse_far_too_long(sum(len(m.text()) for m in req.messages), n_ctx, "messages")
+        rendered, prompt_ids = await asyncio.to_thread(model.prompt, req.messages, req.tools)
         model.check_context(
             len(prompt_ids),
             f"This model's maximum context length is {n_ctx} tokens. "
@@ -165,10 +175,11 @@ class ChatService:
         if req.suffix:
             raise InvalidRequest("suffix (fill-in-the-middle) is not supported.", param="suffix")
         top = self._top_logprobs(req.logprobs or 0, "logprobs")
-        prompt_ids = model.engine.tokenize(prompt, add_bos=model.info.add_bos)
+        n_ctx = model.info.n_ctx
+        _refuse_far_too_long(len(prompt), n_ctx, "prompt")
+        prompt_ids = await asyncio.to_thread(model.engine.tokenize, prompt, add_bos=model.info.add_bos)
         if not prompt_ids:
             raise InvalidRequest("prompt must not be empty.", param="prompt")
-        n_ctx = model.info.n_ctx
         try:
             model.check_context(
                 len(prompt_ids),
@@ -309,28 +320,53 @@ class _TurnJob:
         finally:
             ts.finish_reason = finish
             ts.completion_tokens = len(ids)
-            ts._queue.put_nowait(_END)
         t_end = time.perf_counter()
-        if finish == "error" and not ids:
-            return  # nothing was sampled: nothing to learn from or to show
-        gen_s = (t_end - t_first) if t_first else 0.0
-        await self._record(
-            ids,
-            logprobs,
-            "".join(text),
-            finish,
-            adapter,
-            {
-                "ttft_ms": round(((t_first or t_end) - t_start) * 1000, 2),
-                "total_ms": round((t_end - t_start) * 1000, 2),
-                "completion_tok_per_s": round((len(ids) - 1) / gen_s, 2) if gen_s > 0 and len(ids) > 1 else None,
-            },
-        )
+        try:
+            if finish == "error" and not ids:
+                return  # nothing was sampled: nothing to learn from or to show
+            gen_s = (t_end - t_first) if t_first else 0.0
+            await self._record(
+                ids,
+                logprobs,
+                "".join(text),
+                finish,
+                adapter,
+                {
+                    "ttft_ms": round(((t_first or t_end) - t_start) * 1000, 2),
+                    "total_ms": round((t_end - t_start) * 1000, 2),
+                    "completion_tok_per_s": round((len(ids) - 1) / gen_s, 2) if gen_s > 0 and len(ids) > 1 else None,
+                },
+            )
+        finally:
+            # Only now may the reader finish: the row is committed (or the error says why not).
+            ts._queue.put_nowait(_END)
 
     async def _record(self, ids, logprobs, response_text, finish, adapter, timings) -> None:
+        svc, ts, tl = self.svc, self.ts, self.turn_log
+        who = tl.who
+        # Hashing and packing a long prompt take a while: on a worker thread, like its tokenizing.
+        rec = await asyncio.to_thread(self._turn_record, ids, logprobs, response_text, finish, adapter, timings)
+        try:
+            await turns.insert_turn(svc.db, rec, source=who.source, title=tl.title)
+        except ClawdError as e:  # the disk (full, read-only): the store has made the daemon degraded
+            log.error("could not record turn %s: %s", rec.id, e.message)
+            ts.error, ts.finish_reason = e, "error"
+            return
+        except Exception as e:
+            log.exception("could not record turn %s", rec.id)
+            ts.error, ts.finish_reason = StorageUnavailable(f"this turn could not be logged: {e}"), "error"
+            return
+        try:
+            if who.session_done:
+                await turns.mark_session_done(svc.db, who.session_id)
+        except Exception:  # the turn is logged; a session not marked done is only a missed hint
+            log.exception("could not mark session %s done", who.session_id)
+        svc.on_turn()
+
+    def _turn_record(self, ids, logprobs, response_text, finish, adapter, timings) -> turns.TurnRecord:
         svc, tl = self.svc, self.turn_log
         who = tl.who
-        rec = turns.TurnRecord(
+        return turns.TurnRecord(
             id=self.ts.id,
             session_id=who.session_id,
             turn_type=who.turn_type,
@@ -358,13 +394,18 @@ class _TurnJob:
             requery_of=who.requery_of,
             client=self.client,
         )
-        try:
-            await turns.insert_turn(svc.db, rec, source=who.source, title=tl.title)
-            if who.session_done:
-                await turns.mark_session_done(svc.db, who.session_id)
-            svc.on_turn()
-        except Exception:
-            log.exception("could not record turn %s", rec.id)
+
+
+def _refuse_far_too_long(n_chars: int, n_ctx: int, param: str) -> None:
+    """The cheap check before tokenizing (see MAX_CHARS_PER_TOKEN)."""
+    if n_chars > MAX_CHARS_PER_TOKEN * n_ctx:
+        e = ContextLengthExceeded(
+            f"This model's maximum context length is {n_ctx} tokens. However, your {param} "
+            f"{'is' if param == 'prompt' else 'are'} {n_chars} characters long, far more than fit. "
+            f"Shorten the {param}."
+        )
+        e.param = param
+        raise e
 
 
 def _refuse_non_text(messages: list[Message]) -> None:

@@ -158,10 +158,17 @@ def cmd_status(args) -> int:
         ("training", (status.get("training") or {}).get("state", "unavailable")),
         ("config", _config_line(status.get("config"))),
         ("database", status["db_path"]),
+        ("storage", _storage_line(status.get("storage"))),
     ]
     for k, v in rows:
         print(f"{k:>11}  {v}")
     return 0
+
+
+def _storage_line(storage: dict | None) -> str:
+    if not storage or storage.get("status") != "degraded":
+        return "ok"
+    return f"DEGRADED: {storage['reason']}, turns are not being logged ({storage['detail']})"
 
 
 def _daemon_call(args, method: str, path: str, **kw):
@@ -476,9 +483,31 @@ def cmd_service(args) -> int:
 def cmd_doctor(args) -> int:
     from clawd import doctor
 
+    if args.repair:
+        return _repair_database(args)
     checks = doctor.run_checks(resolve_paths(os.environ), os.environ, engine_test=not args.skip_engine)
     print(doctor.to_json(checks) if args.json else doctor.format_checks(checks))
     return 1 if any(c.level == "error" for c in checks) else 0
+
+
+def _repair_database(args) -> int:
+    """`clawd doctor --repair`: only with the daemon stopped (it holds the file open)."""
+    import httpx
+
+    from clawd.client import daemon_url
+    from clawd.store.repair import format_report, repair
+
+    settings, paths = _setup(args)
+    try:
+        httpx.get(daemon_url(settings) + "/clawd/health", timeout=2)
+        running = True
+    except httpx.HTTPError:
+        running = False
+    if running:
+        raise ClawdError(f"clawd is running at {daemon_url(settings)}: stop it first (`clawd service` or Ctrl-C)")
+    report = repair(paths.db_file)
+    print(format_report(report))
+    return 0 if report.integrity == "ok" else 1
 
 
 def cmd_models(args) -> int:
@@ -741,6 +770,11 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("doctor", help="check the installation: versions, model, engine, BLAS, disk, db, service, port")
     s.add_argument("--json", action="store_true", help="machine-readable output")
     s.add_argument("--skip-engine", action="store_true", help="skip the model load and 1-token generation")
+    s.add_argument(
+        "--repair",
+        action="store_true",
+        help="rebuild a damaged database: keep it aside (renamed), copy every readable row into a new one",
+    )
     s.set_defaults(func=cmd_doctor)
     return p
 

@@ -58,6 +58,9 @@ class ServerSettings:
     require_token: bool = _f(
         False, "Deprecated: the token is required by default now. true still forces it (over trust_loopback)."
     )
+    max_request_mb: float = _f(
+        1.0, "Largest request body accepted, in MB (bigger bodies get 413 before they are read).", gt=0.0
+    )
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import errno
+import gc
 import logging
 import signal
 import socket
@@ -37,12 +38,16 @@ from clawd.templates import choose_format
 from clawd.token import ensure_token
 
 log = logging.getLogger(__name__)
+HEALTH_PROBE_S = 2.0  # while degraded: how often a tiny write checks whether the disk is back
 
 
 def bind_socket(host: str, port: int) -> socket.socket:
     """Bind the listening socket ourselves so 'port in use' is a clear error."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # proto named, not 0: asyncio sets TCP_NODELAY only on connections whose socket says
+    # IPPROTO_TCP. Without it every keep-alive response waited ~40 ms (Nagle meets the
+    # client's delayed ACK between uvicorn's header and body writes).
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))
@@ -128,6 +133,7 @@ async def build_state(settings: Settings, paths: Paths, engine: Engine, port: in
         registry=registry,
         scheduler=scheduler,
         training_off=training_off,
+        max_request_bytes=int(settings.server.max_request_mb * 1024 * 1024),
     )
 
 
@@ -202,9 +208,17 @@ async def serve(
         state.miner.start()
     if state.scheduler:
         state.scheduler.start()
+    probe = asyncio.create_task(state.db.watch_health(HEALTH_PROBE_S), name="storage-probe")
+    # Everything built so far (modules, the app, the model's metadata) lives as long as the
+    # daemon: frozen, the collector's full passes skip it. A full pass over it took ~50 ms,
+    # a pause that every request (health included) waited through now and then. Collected
+    # first, so no garbage of the start-up is frozen with it.
+    gc.collect()
+    gc.freeze()
     try:
         await server.serve(sockets=[sock])
     finally:
+        probe.cancel()
         if watcher:
             await watcher.stop()
         if state.scheduler:

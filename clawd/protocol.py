@@ -201,6 +201,9 @@ class Status(BaseModel):
     # Live config reload: last_reload_at, last_error, last_error_at, restart_required
     # (changed keys that wait for a restart), applied, watching. None when not watched.
     config: dict[str, Any] | None = None
+    # Whether turns are being logged: status ok / degraded, reason (disk full, read-only, other),
+    # detail, since. Degraded clears itself when a write succeeds again.
+    storage: dict[str, Any] | None = None
 
 
 class TurnSummary(BaseModel):

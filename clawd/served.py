@@ -11,6 +11,7 @@ only writer of `active_adapter`.
 
 from __future__ import annotations
 
+import asyncio
 import codecs
 import contextlib
 import threading
@@ -86,8 +87,9 @@ class ServedModel:
 
     async def score(self, messages: list[Message], completion: str, adapter: str | None) -> dict:
         """Per-token log-probs of `completion` as the reply to `messages` (not logged)."""
-        prompt_ids = self.prompt_ids(messages)
-        target = self.reply_ids(completion)
+        # Off the event loop: a long request must not stall health and the other streams.
+        prompt_ids = await asyncio.to_thread(self.prompt_ids, messages)
+        target = await asyncio.to_thread(self.reply_ids, completion)
         n_ctx = self.info.n_ctx
         self.check_context(
             len(prompt_ids) + len(target),
@@ -110,7 +112,7 @@ class ServedModel:
         Background completions yield the engine to user requests (raising Preempted).
         Like a served chat reply, it is without the whitespace the model opens with, so the
         side-by-side answers read like the logged reply they are shown next to."""
-        rendered, prompt_ids = self.prompt(messages)
+        rendered, prompt_ids = await asyncio.to_thread(self.prompt, messages)
         self.check_context(
             len(prompt_ids), f"the prompt needs {len(prompt_ids)} tokens; the context is {self.info.n_ctx}"
         )

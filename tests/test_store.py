@@ -155,7 +155,7 @@ async def test_garbage_file_gives_one_line_clawd_error(tmp_path):
     assert isinstance(exc.value, DatabaseUnavailable)
     msg = exc.value.message
     assert "\n" not in msg
-    assert "Move it aside" in msg and str(path) in msg
+    assert "clawd doctor --repair" in msg and str(path) in msg
     assert path.read_bytes().startswith(b"this is not")  # never overwritten
 
 

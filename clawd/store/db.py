@@ -11,17 +11,23 @@ ClawdErrors that say what to do.
 from __future__ import annotations
 
 import asyncio
+import logging
 import sqlite3
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import aiosqlite
 
-from clawd.errors import ClawdError
+from clawd.errors import ClawdError, StorageFull, StorageUnavailable
 from clawd.store.migrations import SchemaError, migrate
 
+log = logging.getLogger(__name__)
 BUSY_TIMEOUT_MS = 5000
+PROBE_ROW_ID, PROBE_BYTES = -1, 64 * 1024  # see Database.probe_write
+REPAIR_HINT = "stop clawd and run `clawd doctor --repair` (it keeps the damaged file aside and rescues what it can)"
 
 # sqlite3 primary result codes (sqlite_errorcode & 0xFF)
 _PERM, _BUSY, _LOCKED, _READONLY, _IOERR, _CORRUPT, _FULL, _CANTOPEN, _NOTADB = (
@@ -43,6 +49,66 @@ class DatabaseUnavailable(ClawdError):
     code = "database_unavailable"
 
 
+@dataclass
+class WriteHealth:
+    """Whether the last write reached the disk. A failed write makes the daemon `degraded`
+    (health and status say why); the next write that commits, a turn's or the periodic
+    probe's, makes it ok again: nothing needs a restart when space returns."""
+
+    reason: str | None = None  # None = ok; "disk full" | "read-only" | "other"
+    detail: str | None = None
+    since: float | None = None
+
+    @property
+    def degraded(self) -> bool:
+        return self.reason is not None
+
+    def failed(self, reason: str, detail: str) -> None:
+        if self.reason is None:
+            log.error("database writes are failing (%s): %s; clawd keeps serving and retries", reason, detail)
+            self.since = time.time()
+        self.reason, self.detail = reason, detail
+
+    def succeeded(self) -> None:
+        if self.reason is not None:
+            log.warning("database writes work again (were failing: %s)", self.reason)
+        self.reason = self.detail = self.since = None
+
+    def public(self) -> dict:
+        return {
+            "status": "degraded" if self.degraded else "ok",
+            "reason": self.reason,
+            "detail": self.detail,
+            "since": self.since,
+        }
+
+
+def storage_fault(e: BaseException) -> ClawdError | None:
+    """The ClawdError for a write that failed because of the disk, None for anything else
+    (a constraint, a busy lock, a bug): only the disk's faults make the daemon degraded."""
+    if not isinstance(e, sqlite3.Error):
+        return None
+    code = (getattr(e, "sqlite_errorcode", 0) or 0) & 0xFF
+    if code == _FULL:
+        return StorageFull(
+            f"The disk is full: this turn could not be logged ({e}). Free some space; clawd recovers by itself."
+        )
+    if code == _READONLY:
+        return StorageUnavailable(
+            f"The database is read-only: this turn could not be logged ({e}). Make it writable; clawd recovers by itself.",
+            code="storage_read_only",
+        )
+    if code in (_IOERR, _CANTOPEN, _PERM, _CORRUPT, _NOTADB):
+        return StorageUnavailable(f"The database cannot be written: this turn could not be logged ({e}).")
+    return None
+
+
+def _fault_reason(fault: ClawdError) -> str:
+    if isinstance(fault, StorageFull):
+        return "disk full"
+    return "read-only" if fault.code == "storage_read_only" else "other"
+
+
 class Database:
     """One aiosqlite connection shared by the whole daemon.
 
@@ -57,6 +123,7 @@ class Database:
         self._write_lock = asyncio.Lock()
         self._tx_owner: asyncio.Task | None = None
         self._savepoints = 0
+        self.health = WriteHealth()
 
     @classmethod
     async def open(cls, path: Path) -> Database:
@@ -89,6 +156,7 @@ class Database:
             raise _explain(path, e) from e
         try:
             await _configure(conn, path)
+            await _quick_check(conn, path)
             await migrate(conn)
         except BaseException as e:
             await conn.close()
@@ -146,13 +214,46 @@ class Database:
                     await self.conn.execute("BEGIN IMMEDIATE")
                     yield self.conn
                     await self.conn.commit()
-                except BaseException:
+                except BaseException as e:
                     # sqlite3's rollback() is a no-op when SQLite already ended the
                     # transaction, and it runs in queue order after anything pending.
-                    await self.conn.rollback()
-                    raise
+                    try:
+                        await self.conn.rollback()
+                    except sqlite3.Error as again:  # a sick disk: the first error is the news
+                        log.warning("rollback failed too: %s", again)
+                    fault = storage_fault(e)
+                    if fault is None:
+                        raise
+                    self.health.failed(_fault_reason(fault), str(e))
+                    raise fault from e
+                self.health.succeeded()
             finally:
                 self._tx_owner = None
+
+    async def probe_write(self) -> bool:
+        """One real write of about a turn's size, to learn whether the disk takes writes again
+        while nothing else writes. Updates `health`; True when it committed.
+
+        A row inserted and deleted in one transaction: nobody ever sees it, but its pages are
+        allocated and committed to the WAL, so a disk without room for a turn fails it (an
+        in-place update would fit in pages the file already has, and pass on a full disk)."""
+        try:
+            async with self.transaction() as conn:
+                await conn.execute(
+                    "INSERT INTO migrations (id, name, applied_at) VALUES (?, zeroblob(?), 0)",
+                    (PROBE_ROW_ID, PROBE_BYTES),
+                )
+                await conn.execute("DELETE FROM migrations WHERE id = ?", (PROBE_ROW_ID,))
+        except (StorageFull, StorageUnavailable):
+            return False
+        return True
+
+    async def watch_health(self, interval_s: float) -> None:
+        """While degraded, probe every `interval_s` so health turns ok once space returns."""
+        while True:
+            await asyncio.sleep(interval_s)
+            if self.health.degraded:
+                await self.probe_write()
 
     @asynccontextmanager
     async def _savepoint(self) -> AsyncIterator[None]:
@@ -189,14 +290,27 @@ async def _configure(conn: aiosqlite.Connection, path: Path) -> None:
     conn.row_factory = sqlite3.Row
 
 
+async def _quick_check(conn: aiosqlite.Connection, path: Path) -> None:
+    """Refuse a damaged file at start-up rather than write into it (a write to a malformed
+    b-tree can spread the damage). quick_check reads every page but skips index checks:
+    well under a second for a year of turns."""
+    rows = await conn.execute_fetchall("PRAGMA quick_check")
+    found = [str(r[0]) for r in rows]
+    if found != ["ok"]:
+        # SQLite's report is many lines under a "*** in database main ***" header: the first finding says enough.
+        lines = [ln for r in found for ln in r.splitlines() if ln.strip() and not ln.startswith("***")]
+        raise DatabaseCorrupt(f"{path} is damaged ({lines[0] if lines else 'quick_check failed'}): {REPAIR_HINT}.")
+
+
+class DatabaseCorrupt(DatabaseUnavailable):
+    code = "database_corrupt"
+
+
 def _explain(path: Path, e: sqlite3.Error) -> DatabaseUnavailable:
     code = (getattr(e, "sqlite_errorcode", 0) or 0) & 0xFF
     if code in (_CORRUPT, _NOTADB):
-        msg = (
-            f"{path} is not a readable clawd database ({e}). Move it aside "
-            f"(e.g. `mv {path} {path}.broken`) and clawd will create a fresh one."
-        )
-    elif code in (_BUSY, _LOCKED):
+        return DatabaseCorrupt(f"{path} is not a readable clawd database ({e}): {REPAIR_HINT}.")
+    if code in (_BUSY, _LOCKED):
         msg = (
             f"{path} is locked by another process ({e}). Stop the other clawd (`clawd status` shows it) and try again."
         )

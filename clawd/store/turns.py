@@ -11,6 +11,7 @@ float32 BLOBs (blobs.py).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from dataclasses import dataclass, field, fields
@@ -219,7 +220,7 @@ async def insert_turn(db: Database, rec: TurnRecord, *, source: str = "new", tit
         ValueError: turn_type is not main/side, or ids and logprobs differ in length.
         sqlite3.IntegrityError: a turn with this id exists, or requery_of is unknown.
     """
-    row = _to_row(rec)  # pack outside the write lock
+    row = await asyncio.to_thread(_to_row, rec)  # packed outside the write lock, off the event loop
     async with db.transaction():
         await _ensure_session(db, rec.session_id, source=source, title=title, now=rec.created_at)
         await db.conn.execute(_INSERT, row)
