@@ -35,6 +35,7 @@ from clawd.served import ServedModel
 from clawd.store.db import Database
 from clawd.templates import choose_format
 from clawd.token import ensure_token
+from clawd.trainer_pid import end_stray, trainer_pid_file
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +75,9 @@ class _Server(uvicorn.Server):
 
 
 async def build_state(settings: Settings, paths: Paths, engine: Engine, port: int) -> ApiState:
+    # Before anything can start another: a trainer a killed predecessor left behind holds a
+    # model in memory (and, if it was paused, holds it forever).
+    end_stray(trainer_pid_file(paths))
     db = await Database.open(paths.db_file)
     info = engine.info
     fmt = choose_format(settings.model.chat_format, info.chat_template, info.bos_token, info.eos_token, info.add_bos)
