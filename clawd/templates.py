@@ -39,6 +39,7 @@ class TranscriptFormat:
     starting the next 'User:' line, which is the stop string."""
 
     name = "transcript"
+    markers_in_text = False  # plain text only: every character is tokenized as text, none as a control token
 
     def __init__(self, add_bos: bool = True):
         self._add_bos = add_bos
@@ -65,6 +66,7 @@ class JinjaFormat:
     """The model's own chat template (HF / GGUF `tokenizer.chat_template`)."""
 
     name = "template"
+    markers_in_text = True  # the template writes control tokens as text (served.py keeps clients' apart)
 
     def __init__(self, template: str, bos_token: str, eos_token: str):
         import jinja2
