@@ -18,6 +18,10 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from clawd.config import TEMPERATURE_MAX, TOP_P_MIN_EXCLUSIVE
 
+# A session id is echoed in a response header and logged: printable ASCII only (a CR/LF would
+# break the header, and a megabyte one would be echoed whole), and short.
+SESSION_ID_PATTERN = r"^[\x20-\x7e]{1,128}$"
+
 
 class ContentPart(BaseModel):
     model_config = ConfigDict(extra="allow")
@@ -89,7 +93,9 @@ class ChatCompletionRequest(BaseModel):
     tool_choice: str | dict[str, Any] | None = None
     response_format: dict[str, Any] | None = None
     # clawd's own fields (headers X-Session-Id / X-Turn-Type / X-Session-Done win)
-    session_id: str | None = None
+    session_id: str | None = Field(
+        None, pattern=SESSION_ID_PATTERN, description="1-128 printable ASCII characters (no control characters)"
+    )
     turn_type: Literal["main", "side"] | None = None
     session_done: bool | str | None = None
 
@@ -266,3 +272,16 @@ class TrainingStart(BaseModel):
     job_id: str | None  # None: not started (`reason` says why)
     state: str
     reason: str | None = None
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class ErrorResponse(BaseModel):
+    """Every error the API answers, whatever its status (an OpenAI error object)."""
+
+    error: ErrorDetail

@@ -89,8 +89,6 @@ class JinjaFormat:
         self._bos, self._eos = bos_token, eos_token
 
     def render(self, messages: list[Message], tools: list | None = None) -> Rendered:
-        import jinja2
-
         msgs = []
         for m in messages:
             d = m.model_dump(exclude_none=True)
@@ -111,8 +109,12 @@ class JinjaFormat:
             )
         except InvalidRequest:
             raise
-        except (jinja2.TemplateError, TypeError, ValueError, AttributeError) as e:  # filters raise plain errors too
-            raise InvalidRequest(f"the model's chat template failed on these messages: {e}", param="messages") from e
+        except Exception as e:  # filters raise plain errors too (TypeError, OverflowError, ...):
+            # whatever the template does with these messages, it is these messages it failed on
+            raise InvalidRequest(
+                f"the model's chat template failed on these messages: {type(e).__name__}: {str(e)[:200]}",
+                param="messages",
+            ) from e
         # The template writes BOS itself when it wants one; tokenizing must not add a second.
         starts_with_bos = bool(self._bos) and prompt.startswith(self._bos)
         return Rendered(prompt, add_bos=not starts_with_bos)
