@@ -234,7 +234,19 @@ async def _crash(_: Request, exc: Exception):
 # ---- OpenAI-compatible ----------------------------------------------------------------------
 
 
-@openai.post("/v1/chat/completions")
+# A streamed answer is server-sent events, a plain one a JSON chat.completion.
+CHAT_RESPONSES: dict[int | str, dict] = {
+    200: {
+        "description": "The answer: a chat.completion object, or with `stream` server-sent chat.completion.chunk events.",
+        "content": {
+            "application/json": {"schema": {"type": "object"}},
+            "text/event-stream": {"schema": {"type": "string"}},
+        },
+    }
+}
+
+
+@openai.post("/v1/chat/completions", responses=CHAT_RESPONSES)
 async def chat_completions(req: ChatCompletionRequest, request: Request, state: State):
     client = request.headers.get("user-agent")
     ts = await state.chat.start(req, request.headers, client=client)
