@@ -147,3 +147,38 @@ def test_a_trainer_whose_parent_is_already_gone_exits_at_once(tmp_path):
     code = "from clawd.training.parent import die_with_parent; die_with_parent(1); print('still running')"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=os.environ)
     assert out.returncode == 3 and "still running" not in out.stdout
+
+
+CHILD = """
+import sys, time
+sys.platform = "darwin"  # no prctl: the polling watch, as on macOS
+from clawd.training.parent import die_with_parent
+import os
+print(die_with_parent(os.getppid()), flush=True)
+time.sleep(120)
+"""
+PARENT = """
+import subprocess, sys
+child = subprocess.Popen([sys.executable, "-c", sys.argv[1]], stdout=subprocess.PIPE, text=True)
+how = child.stdout.readline().strip()
+print(child.pid, how, flush=True)
+child.wait()
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads process states from /proc")
+def test_without_prctl_the_polling_watch_ends_the_child_when_its_parent_is_killed():
+    parent = subprocess.Popen([sys.executable, "-c", PARENT, CHILD], stdout=subprocess.PIPE, text=True, env=os.environ)
+    pid = None
+    try:
+        pid, how = parent.stdout.readline().split()
+        pid = int(pid)
+        assert how == "poll" and alive(pid)
+        parent.kill()
+        parent.wait(10)
+        wait_until(lambda: not alive(pid), 2.0, "the child to notice its parent is gone")
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+        if pid is not None and alive(pid):  # the watch failed: do not leave it behind
+            os.kill(pid, signal.SIGKILL)
