@@ -265,7 +265,10 @@ class Scheduler:
                 stdout=asyncio.subprocess.PIPE,
                 stderr=log_file,
             )
-            trainer_pid.write(self.pid_file, self._proc.pid, job_dir)
+            try:
+                trainer_pid.write(self.pid_file, self._proc.pid, job_dir)
+            except OSError as e:  # e.g. a full disk: the child still dies with us (training/parent.py)
+                log.warning("could not write %s: %s", self.pid_file, e)
             self._low_priority(self._proc.pid)
             done, error = None, None
             try:
