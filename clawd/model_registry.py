@@ -105,7 +105,7 @@ def inspect_model(path: Path) -> tuple[str, str | None, int]:
         size = sum(p.stat().st_size for p in path.rglob("*") if p.is_file() and ".cache" not in p.parts)
         return "mlx", (str(arch) if arch else None), size
     try:
-        header = read_gguf_header(path)  # the same header check `clawd doctor` runs, read once for both keys
+        header = read_gguf_header(path, want={"general.architecture", "general.type"})  # read once for both
         arch = reader_architecture(header)
         kind = gguf_value(header, "general.type")
     except (OSError, ValueError) as e:

@@ -101,12 +101,13 @@ class _Cursor:
         raise ValueError(f"unknown GGUF value type {vtype}")
 
 
-def read_gguf_header(path: Path) -> dict[str, Any]:
+def read_gguf_header(path: Path, want: frozenset[str] | set[str] | None = None) -> dict[str, Any]:
     """A GGUF file's key/value metadata, read from its header only: it stops before the tensor
     infos, and arrays (the tokenizer's vocabulary, scores, merges) are skipped by length and
     come back as GGUFArray. Milliseconds on any model, where the gguf package's reader builds
-    the whole vocabulary. Raises OSError when the file cannot be opened, ValueError when it is
-    not a GGUF file or its header is damaged."""
+    the whole vocabulary. With `want`, it stops as soon as it has read those keys (writers put
+    general.* first, before the vocabulary). Raises OSError when the file cannot be opened,
+    ValueError when it is not a GGUF file or its header is damaged."""
     with Path(path).open("rb") as f:
         if f.read(4) != b"GGUF":
             raise ValueError("bad magic: not a GGUF file")
@@ -131,6 +132,8 @@ def read_gguf_header(path: Path) -> dict[str, Any]:
         for _ in range(n_kv):
             key = cur.string()
             out[key] = cur.value(cur.take("I"))
+            if want is not None and want <= out.keys():
+                break
         return out
 
 
@@ -165,7 +168,7 @@ def reader_architecture(header: dict[str, Any]) -> str:
 
 def gguf_architecture(path: Path) -> str:
     """general.architecture from the GGUF header; raises OSError or ValueError when unreadable."""
-    return reader_architecture(read_gguf_header(path))
+    return reader_architecture(read_gguf_header(path, want={"general.architecture"}))
 
 
 def gguf_architecture_whole_file(path: Path) -> str:
