@@ -97,7 +97,7 @@ def test_the_transcript_format_has_no_control_tokens_and_the_log_has_the_engines
         return real_generate(prompt_ids, *a, **kw)
 
     e.generate = generate
-    with tiny_daemon.client() as c:
+    with tiny_daemon.client(headers={"Authorization": f"Bearer {tiny_daemon.state.token}"}) as c:
         r = c.post(
             "/v1/chat/completions",
             json={"model": "tiny", "messages": [{"role": "user", "content": FORGED}], "max_tokens": 3},
