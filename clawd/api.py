@@ -13,15 +13,15 @@ import asyncio
 import json
 import logging
 import os
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi import APIRouter, Body, Depends, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from clawd import __version__, feedback, guard, review, sessions
@@ -38,6 +38,7 @@ from clawd.protocol import (
     AdapterView,
     ChatCompletionRequest,
     CompletionRequest,
+    ErrorResponse,
     ExportRequest,
     ExportResult,
     ModelCard,
@@ -96,6 +97,37 @@ class ApiState:
     created: int = field(default_factory=lambda: int(time.time()))
 
 
+def _documented(description: str, **headers: str) -> dict:
+    doc: dict = {"model": ErrorResponse, "description": description}
+    if headers:
+        doc["headers"] = {name: {"description": text, "schema": {"type": "string"}} for name, text in headers.items()}
+    return doc
+
+
+# The errors every route can answer, in the schema (/openapi.json) as what they are: validation
+# errors are 400 (FastAPI's 422 is taken out of the schema, see _openapi), all OpenAI error objects.
+ERROR_RESPONSES: dict[int | str, dict] = {
+    400: _documented("Invalid request: a malformed body or parameter (every validation error)."),
+    401: _documented("No or wrong bearer token (`clawd token` prints it)."),
+    404: _documented("No such route, model, turn, session, signal or adapter."),
+    405: _documented("This route does not take this method.", Allow="The methods this route takes."),
+    500: _documented("An internal error: a bug in clawd."),
+    503: _documented("Busy or not ready (e.g. the engine is overloaded); retry later.", **{"Retry-After": "Seconds."}),
+}
+# Every route documents these: the refusals of the middlewares in front of every route (guard.py:
+# 400 / 401 / 403 / 415, limits.py: 413), then this module's own descriptions.
+ROUTE_RESPONSES: dict[int | str, dict] = {**guard.RESPONSES, **LIMIT_RESPONSES, **ERROR_RESPONSES}
+MAX_LIMIT = 1000  # `limit` query parameters are clamped to 1..MAX_LIMIT
+
+
+def _limit(limit: int) -> int:
+    """A `limit` query parameter, clamped (SQLite takes no integer beyond 64 bits)."""
+    return max(1, min(limit, MAX_LIMIT))
+
+
+LIMIT = Query(100, description=f"how many, newest first: 1-{MAX_LIMIT} (values outside are clamped)")
+
+
 def _error(e: ClawdError) -> JSONResponse:
     headers = {"Retry-After": str(getattr(e, "retry_after", 1))} if e.status == 503 else None
     return JSONResponse(e.to_openai(), status_code=e.status, headers=headers)
@@ -105,10 +137,11 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     err = exc.errors()[0] if exc.errors() else {}
     if err.get("type") == "json_invalid":
         return "We could not parse the JSON body of your request: send valid JSON.", None
-    loc = [str(p) for p in err.get("loc", ()) if p != "body"]
+    # A union body's errors carry the member's tag (feedback's "clawd" / "openwebui"): not a field.
+    loc = [str(p) for p in err.get("loc", ()) if p != "body" and p not in feedback.BODY_TAGS]
     param = ".".join(loc) or None
     if param is None:
-        return "The request body must be a JSON object with 'model' and 'messages'.", None
+        return f"The request body must be a JSON object ({err.get('msg', 'invalid')}).", None
     msg = err.get("msg", "invalid request")
     return (f"Invalid value for '{param}': {msg}" if param else f"Invalid request: {msg}"), param
 
@@ -151,8 +184,23 @@ def create_app(state: ApiState) -> FastAPI:
     app.add_exception_handler(StarletteHTTPException, _http)
     app.add_exception_handler(Exception, _crash)
     for router in (openai, daemon, history, adapters, training):
-        app.include_router(router, responses=guard.RESPONSES | LIMIT_RESPONSES)
+        app.include_router(router, responses=ROUTE_RESPONSES)
+    app.openapi = lambda: _openapi(app)
     return app
+
+
+def _openapi(app: FastAPI) -> dict:
+    """FastAPI's schema, less its 422s: clawd answers validation errors with 400 (documented)."""
+    if app.openapi_schema is None:
+        schema = FastAPI.openapi(app)
+        for path in schema.get("paths", {}).values():
+            for op in path.values():
+                if isinstance(op, dict):
+                    op.get("responses", {}).pop("422", None)
+        for name in ("HTTPValidationError", "ValidationError"):
+            schema.get("components", {}).get("schemas", {}).pop(name, None)
+        app.openapi_schema = schema
+    return app.openapi_schema
 
 
 async def _clawd_error(_: Request, e: ClawdError):
@@ -164,12 +212,27 @@ async def _invalid(_: Request, exc: RequestValidationError):
     return _error(InvalidRequest(msg, param=param))
 
 
-async def _http(_: Request, exc: StarletteHTTPException):
+async def _http(request: Request, exc: StarletteHTTPException):
     if exc.status_code == 404:
         return _error(NotFound("Unknown route: see /openapi.json for what this server serves."))
     e = InvalidRequest(str(exc.detail))
     e.status = exc.status_code
-    return _error(e)
+    response = _error(e)
+    if exc.status_code == 405:
+        response.headers["Allow"] = ", ".join(_allowed_methods(request))
+    return response
+
+
+def _allowed_methods(request: Request) -> list[str]:
+    """Every method some route takes on this path, read off the app's own schema (Starlette's
+    Allow would name one route's methods only; /v1 and /clawd share paths across routes)."""
+    methods: set[str] = set()
+    for template, ops in _openapi(request.app).get("paths", {}).items():
+        if re.fullmatch(re.sub(r"\\\{[^}]+\\\}", "[^/]+", re.escape(template)), request.url.path):
+            methods |= {m.upper() for m in ops}
+    if "GET" in methods:
+        methods.add("HEAD")  # Starlette answers HEAD wherever it answers GET
+    return sorted(methods)
 
 
 async def _crash(_: Request, exc: Exception):
@@ -187,7 +250,22 @@ TURN_RESPONSES = {
 }
 
 
-@openai.post("/v1/chat/completions", responses=TURN_RESPONSES)
+# A streamed answer is server-sent events, a plain one a JSON object.
+STREAM_RESPONSES: dict[int | str, dict] = {
+    200: {
+        "description": "The answer: a JSON completion object, or with `stream` server-sent chunk events.",
+        "content": {
+            "application/json": {"schema": {"type": "object"}},
+            # One event per chunk: its data is a JSON chunk object, the last one `[DONE]`.
+            "text/event-stream": {
+                "schema": {"type": "object", "properties": {"data": {"type": "string"}}, "required": ["data"]}
+            },
+        },
+    }
+}
+
+
+@openai.post("/v1/chat/completions", responses=STREAM_RESPONSES | TURN_RESPONSES)
 async def chat_completions(req: ChatCompletionRequest, request: Request, state: State):
     client = request.headers.get("user-agent")
     ts = await state.chat.start(req, request.headers, client=client)
@@ -213,7 +291,7 @@ async def chat_completions(req: ChatCompletionRequest, request: Request, state: 
     return JSONResponse(body, headers=_turn_headers(ts))
 
 
-@openai.post("/v1/completions", responses=TURN_RESPONSES)
+@openai.post("/v1/completions", responses=STREAM_RESPONSES | TURN_RESPONSES)
 async def completions(req: CompletionRequest, request: Request, state: State):
     """The legacy raw-prompt endpoint: no chat template; logged as a side turn, never mined."""
     ts = await state.chat.start_raw(req, request.headers, client=request.headers.get("user-agent"))
@@ -349,32 +427,21 @@ async def score(req: ScoreRequest, state: State):
 
 
 @history.post("/feedback")
-async def post_feedback(request: Request, state: State):
+async def post_feedback(body: Annotated[feedback.FeedbackBody, Body()], state: State):
     """clawd's own {"turn_id", "rating", "correction"} or Open WebUI's rating payload."""
-    try:
-        payload = await request.json()
-    except ValueError:
-        raise InvalidRequest("We could not parse the JSON body of your request: send valid JSON.") from None
-    if not isinstance(payload, dict):
-        raise InvalidRequest("The request body must be a JSON object.")
-    try:
-        if "turn_id" in payload:
-            req = feedback.FeedbackRequest.model_validate(payload)
-        else:
-            req = await feedback.from_openwebui(state.db, payload)
-    except ValidationError as e:
-        err = e.errors()[0]
-        param = ".".join(str(p) for p in err.get("loc", ())) or None
-        raise InvalidRequest(f"Invalid feedback: {err.get('msg')}", param=param) from None
-    rows = await feedback.record(state.db, req, raw=payload)
+    if isinstance(body, feedback.OpenWebUIFeedback):
+        req = await feedback.from_openwebui(state.db, body)
+    else:
+        req = body
+    rows = await feedback.record(state.db, req, raw=body.model_dump(mode="json", exclude_unset=True))
     if state.miner:
         await state.miner.on_feedback(req.turn_id)
     return {"turn_id": req.turn_id, "recorded": [{"id": f.id, "kind": f.kind, "text": f.text} for f in rows]}
 
 
 @history.get("/signals", response_model=list[SignalView])
-async def list_signals(state: State, status: str | None = None, session_id: str | None = None, limit: int = 100):
-    rows = await signals.list_signals(state.db, status=status, session_id=session_id, limit=limit)
+async def list_signals(state: State, status: str | None = None, session_id: str | None = None, limit: int = LIMIT):
+    rows = await signals.list_signals(state.db, status=status, session_id=session_id, limit=_limit(limit))
     held = await state.scheduler.held_out([s.turn_id for s in rows]) if state.scheduler else set()
     return [{**s.public(), "held_out": s.turn_id in held} for s in rows]
 
@@ -408,15 +475,15 @@ async def _veto(db: Database, turn_id: str, vetoed: bool) -> dict:
 @history.delete("/sessions/{session_id}")
 async def forget(session_id: str, state: State):
     """Forget a session: its turns, feedback and signals are deleted."""
-    forgotten = await sessions.forget(state.db, session_id, state.registry)
+    forgotten = await sessions.forget(state.db, sessions.check_session_id(session_id), state.registry)
     if forgotten is None:
         raise NotFound(f"No session {session_id!r}.")
     return forgotten
 
 
 @history.get("/sessions", response_model=list[SessionSummary])
-async def list_sessions(state: State, limit: int = 100):
-    rows = await turns.list_sessions(state.db, limit=limit)
+async def list_sessions(state: State, limit: int = LIMIT):
+    rows = await turns.list_sessions(state.db, limit=_limit(limit))
     return [
         SessionSummary(
             id=r["id"],
@@ -431,8 +498,8 @@ async def list_sessions(state: State, limit: int = 100):
 
 
 @history.get("/sessions/{session_id}/turns", response_model=list[TurnSummary])
-async def session_turns(session_id: str, state: State, limit: int = 100):
-    recs = await turns.list_turns(state.db, session_id=session_id, limit=limit)
+async def session_turns(session_id: str, state: State, limit: int = LIMIT):
+    recs = await turns.list_turns(state.db, session_id=sessions.check_session_id(session_id), limit=_limit(limit))
     return [_summary(r) for r in recs]
 
 

@@ -591,19 +591,19 @@ def _err(line: str) -> None:
 
 
 def _gguf_summary(path) -> dict:
-    """Read the header only (gguf package, memory-mapped): no model load."""
-    from clawd.modelfile import gguf_value, open_gguf
+    """Read the header key/values only (modelfile.read_gguf_header): no vocabulary, no model load."""
+    from clawd.modelfile import gguf_value, read_gguf_header
 
     try:
-        reader = open_gguf(path)
+        header = read_gguf_header(path)
     except (OSError, ValueError) as e:  # any parse failure means: not a usable GGUF
         return {"error": f"not a readable GGUF file ({e})"}
 
-    arch = gguf_value(reader, "general.architecture")
+    arch = gguf_value(header, "general.architecture")
     return {
         "architecture": arch,
-        "context_length": gguf_value(reader, f"{arch}.context_length"),
-        "chat_template": "yes" if gguf_value(reader, "tokenizer.chat_template") else "none (transcript format)",
+        "context_length": gguf_value(header, f"{arch}.context_length"),
+        "chat_template": "yes" if gguf_value(header, "tokenizer.chat_template") else "none (transcript format)",
     }
 
 

@@ -36,6 +36,7 @@ from clawd.served import ServedModel
 from clawd.store.db import Database
 from clawd.templates import choose_format
 from clawd.token import ensure_token
+from clawd.trainer_pid import end_stray, trainer_pid_file
 
 log = logging.getLogger(__name__)
 HEALTH_PROBE_S = 2.0  # while degraded: how often a tiny write checks whether the disk is back
@@ -79,6 +80,9 @@ class _Server(uvicorn.Server):
 
 
 async def build_state(settings: Settings, paths: Paths, engine: Engine, port: int) -> ApiState:
+    # Before anything can start another: a trainer a killed predecessor left behind holds a
+    # model in memory (and, if it was paused, holds it forever).
+    end_stray(trainer_pid_file(paths))
     try:
         paths.data_dir.mkdir(mode=PRIVATE_DIR, parents=True, exist_ok=True)
         make_private(paths, create_db=True)  # 0600 before SQLite makes it, or its -wal / -shm

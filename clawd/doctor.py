@@ -29,7 +29,7 @@ from urllib.parse import quote
 from clawd import service
 from clawd.config import Settings, load_settings
 from clawd.errors import ClawdError
-from clawd.modelfile import gguf_architecture
+from clawd.modelfile import gguf_architecture_whole_file
 from clawd.paths import Paths
 from clawd.store.db import REPAIR_HINT
 
@@ -287,7 +287,7 @@ def check_model(settings: Settings, paths: Paths) -> tuple[Check, Path | None]:
         if problem:
             return error("model", problem), None
     try:
-        arch = gguf_architecture(choice.path)
+        arch = gguf_architecture_whole_file(choice.path)  # a truncated file must fail here
     except (OSError, ValueError) as e:
         return error(
             "model",

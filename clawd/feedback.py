@@ -7,9 +7,9 @@ Open WebUI's own: such a rating is matched to a clawd turn by the rated message'
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
 
 from clawd.errors import InvalidRequest, NotFound
 from clawd.store import feedback as feedback_rows
@@ -21,10 +21,10 @@ class FeedbackRequest(BaseModel):
     """POST /clawd/feedback: a thumb, a correction, or both."""
 
     model_config = ConfigDict(extra="forbid")
-    turn_id: str
+    turn_id: str = Field(max_length=128, description="the X-Clawd-Turn-Id of the rated answer")
     rating: str | int | None = Field(None, description="up / down (or 1 / -1)")
     correction: str | None = Field(None, description="what the answer should have been, in the user's words")
-    source: str = "api"
+    source: str = Field("api", max_length=64)
 
     @model_validator(mode="after")
     def _something(self):
@@ -57,25 +57,81 @@ async def record(db: Database, req: FeedbackRequest, raw: Any = None) -> list[fe
     return out
 
 
-def _openwebui_message_text(payload: dict) -> str | None:
+# ---- Open WebUI's rating payload -------------------------------------------------------------
+# Only the fields clawd reads are typed; everything else Open WebUI sends is kept (extra="allow")
+# and stored raw. A field clawd reads that has the wrong shape (a string where an object
+# belongs) is the client's 400, never a crash.
+
+
+class _Loose(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class OpenWebUIRating(_Loose):
+    rating: int | str = Field(description="1 / -1 (or up / down)")
+    reason: str | None = None
+    comment: str | None = None
+
+
+class OpenWebUIMeta(_Loose):
+    message_id: str | None = Field(None, description="the rated assistant message's id in the snapshot")
+
+
+class OpenWebUIHistory(_Loose):
+    messages: dict[str, Any] = {}
+
+
+class OpenWebUIChat(_Loose):
+    history: OpenWebUIHistory | None = None
+    messages: list[Any] | None = None
+    chat: OpenWebUIChat | None = None  # exports nest the chat one level deeper
+
+
+class OpenWebUISnapshot(_Loose):
+    chat: OpenWebUIChat | None = None
+
+
+class OpenWebUIFeedback(_Loose):
+    """Open WebUI's `{"type": "rating", "data": {"rating": 1|-1, "reason", "comment"}, "meta":
+    {"message_id"}, "snapshot": {"chat": ...}}` (CONVENTIONS.md §2)."""
+
+    type: str = "rating"
+    data: OpenWebUIRating
+    meta: OpenWebUIMeta | None = None
+    snapshot: OpenWebUISnapshot | None = None
+
+
+def _body_kind(body: Any) -> str:
+    return "clawd" if isinstance(body, dict) and "turn_id" in body else "openwebui"
+
+
+# POST /clawd/feedback's body: clawd's own shape when it names a turn_id, else Open WebUI's.
+FeedbackBody = Annotated[
+    Annotated[FeedbackRequest, Tag("clawd")] | Annotated[OpenWebUIFeedback, Tag("openwebui")],
+    Discriminator(_body_kind),
+]
+BODY_TAGS = ("clawd", "openwebui")  # the tags pydantic puts in a validation error's location
+
+
+def _openwebui_message_text(payload: OpenWebUIFeedback) -> str | None:
     """The rated assistant message's text from an Open WebUI snapshot, if present."""
-    meta = payload.get("meta") or {}
-    chat = (payload.get("snapshot") or {}).get("chat") or {}
-    chat = chat.get("chat", chat)  # exports nest the chat one level deeper
-    wanted = meta.get("message_id")
-    candidates = list((chat.get("history") or {}).get("messages", {}).values()) + list(chat.get("messages") or [])
-    for m in candidates:
+    wanted = payload.meta.message_id if payload.meta else None
+    chat = payload.snapshot.chat if payload.snapshot else None
+    if chat is None or wanted is None:
+        return None
+    chat = chat.chat or chat
+    history = list(chat.history.messages.values()) if chat.history else []
+    for m in history + list(chat.messages or []):
         if isinstance(m, dict) and m.get("id") == wanted and m.get("role") == "assistant":
-            return str(m.get("content") or "")
+            content = m.get("content")
+            return content if isinstance(content, str) else None
     return None
 
 
-async def from_openwebui(db: Database, payload: dict) -> FeedbackRequest:
-    """Open WebUI `{"type": "rating", "data": {"rating": 1|-1, "comment"...}, "meta",
-    "snapshot"}` -> a FeedbackRequest on the clawd turn whose response is that text."""
-    data = payload.get("data") or {}
-    if payload.get("type", "rating") != "rating" or "rating" not in data:
-        raise InvalidRequest("an Open WebUI feedback payload needs type 'rating' and data.rating", param="data")
+async def from_openwebui(db: Database, payload: OpenWebUIFeedback) -> FeedbackRequest:
+    """An Open WebUI rating -> a FeedbackRequest on the clawd turn whose response is the rated text."""
+    if payload.type != "rating":
+        raise InvalidRequest("an Open WebUI feedback payload needs type 'rating' and data.rating", param="type")
     text = _openwebui_message_text(payload)
     if not text:
         raise InvalidRequest(
@@ -85,8 +141,9 @@ async def from_openwebui(db: Database, payload: dict) -> FeedbackRequest:
     turn = await turns.find_by_response_text(db, text.strip())
     if turn is None:
         raise NotFound("no clawd turn has the rated message's text; was it answered by this daemon?")
-    comment = " ".join(str(data.get(k) or "").strip() for k in ("reason", "comment")).strip()
-    kind = _kind(data["rating"])
+    data = payload.data
+    comment = " ".join((t or "").strip() for t in (data.reason, data.comment)).strip()
+    kind = _kind(data.rating)
     return FeedbackRequest(
         turn_id=turn.id, rating=kind, correction=comment if (comment and kind == "down") else None, source="openwebui"
     )

@@ -33,8 +33,10 @@ log = logging.getLogger(__name__)
 RESTATE_SIMILARITY = 0.85  # a new user message this close to the previous one re-asks it
 PREEMPT_RETRY_S = 1.0
 # A turn that keeps failing for a non-judge reason (e.g. an engine that cannot score the
-# teacher) is given up after this many tries: it keeps its reward, without a hint.
+# teacher, or a bug that raises on one row) is given up after this many tries: it keeps its
+# reward (without a hint) when it had one, else it ends `empty` with its error recorded.
 MAX_ATTEMPTS = 5
+MAX_BACKOFF_S = 3600.0
 
 
 @dataclass
@@ -158,7 +160,19 @@ class Miner:
             self._repair = False
             await signals.create_missing(self.db)
             for turn_id in await signals.due(self.db, "waiting", limit=1000):
-                await self._pair(turn_id)
+                try:
+                    await self._pair(turn_id)
+                except asyncio.CancelledError:
+                    raise
+                except Exception as e:  # one unpairable row must not stop the others being paired
+                    log.exception("pairing turn %s failed", turn_id)
+                    await signals.record_failure(
+                        self.db,
+                        turn_id,
+                        f"{type(e).__name__}: {e}"[:2000],
+                        backoff=self._backoff,
+                        max_attempts=MAX_ATTEMPTS,
+                    )
         pending = await signals.due(self.db, "pending", limit=1)
         if not pending:
             return False
@@ -219,7 +233,25 @@ class Miner:
 
     # ---- mining one turn -------------------------------------------------------------
 
+    def _backoff(self, attempts: int) -> float:
+        """Seconds to wait before the next try: retry_s, doubling per attempt, capped."""
+        return min(MAX_BACKOFF_S, self.settings.retry_s * 2 ** max(0, attempts - 1))
+
     async def mine(self, turn_id: str) -> None:
+        """Mine one turn. Whatever goes wrong (a bug, a corrupt row, an engine error) is
+        counted against THIS row and backs it off, so the next rows are mined meanwhile and a
+        row that keeps failing ends `empty` rather than being retried at the head forever."""
+        try:
+            await self._mine(turn_id)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:
+            log.exception("mining turn %s failed", turn_id)
+            error = f"{type(e).__name__}: {e}"[:2000]
+            # Written by SQL on the row's counters alone: the row itself may be what cannot be read.
+            await signals.record_failure(self.db, turn_id, error, backoff=self._backoff, max_attempts=MAX_ATTEMPTS)
+
+    async def _mine(self, turn_id: str) -> None:
         sig = await signals.get(self.db, turn_id)
         turn = await turns.get_turn(self.db, turn_id)
         if sig is None or turn is None:
@@ -236,7 +268,7 @@ class Miner:
         except judges.JudgeUnavailable as e:
             sig.attempts += 1
             sig.error = e.message
-            sig.retry_at = time.time() + min(3600.0, self.settings.retry_s * 2 ** (sig.attempts - 1))
+            sig.retry_at = time.time() + self._backoff(sig.attempts)
             self.status.judge_error, self.status.judge_error_at = e.message, time.time()
             await signals.save(self.db, sig, if_updated_at=read_at)
             log.warning("judge unavailable, turn %s retried later: %s", turn_id, e.message)
@@ -244,7 +276,7 @@ class Miner:
         except ClawdError as e:  # e.g. the engine failed on this turn: back off, then give up on it
             sig.attempts += 1
             sig.error = e.message
-            sig.retry_at = time.time() + min(3600.0, self.settings.retry_s * 2 ** (sig.attempts - 1))
+            sig.retry_at = time.time() + self._backoff(sig.attempts)
             if sig.attempts >= MAX_ATTEMPTS:  # give up the directive signal, keep the evaluative one
                 sig.status = "ready" if sig.reward else "empty"
                 sig.hints, sig.hint = [], None

@@ -26,7 +26,7 @@ from pathlib import Path
 from clawd.config import SPECS, Settings, env_var
 from clawd.config_edit import write_text_atomic
 from clawd.errors import ClawdError
-from clawd.modelfile import SHARD, gguf_parts, gguf_value, open_gguf, read_model_config, reader_architecture
+from clawd.modelfile import SHARD, gguf_parts, gguf_value, read_gguf_header, read_model_config, reader_architecture
 from clawd.models import EMBEDDED_ID, EMBEDDED_SIZE, default_id, embedded_model_path, resolve_model
 from clawd.paths import Paths
 
@@ -105,9 +105,9 @@ def inspect_model(path: Path) -> tuple[str, str | None, int]:
         size = sum(p.stat().st_size for p in path.rglob("*") if p.is_file() and ".cache" not in p.parts)
         return "mlx", (str(arch) if arch else None), size
     try:
-        reader = open_gguf(path)  # the same header check `clawd doctor` runs, read once for both keys
-        arch = reader_architecture(reader)
-        kind = gguf_value(reader, "general.type")
+        header = read_gguf_header(path, want={"general.architecture", "general.type"})  # read once for both
+        arch = reader_architecture(header)
+        kind = gguf_value(header, "general.type")
     except (OSError, ValueError) as e:
         raise ClawdError(f"{path} is not a GGUF model ({e}): {hint}") from e
     if kind == "adapter":

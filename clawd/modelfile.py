@@ -1,8 +1,9 @@
 """What a model on disk is, from its headers only: a GGUF file's key/values, an MLX / HF model
 directory's config.json, its architecture, whether clawd can train it, a split GGUF's parts.
 
-Boundary: the ground floor. It imports nothing from clawd and never loads weights; the gguf
-package is imported inside the functions that read a GGUF file, so importing this is free.
+Boundary: the ground floor. It imports nothing from clawd and never loads weights; a GGUF
+header is read by its own small parser (read_gguf_header), which skips the vocabulary, so
+asking a model's architecture costs milliseconds (start-up, `clawd models`, doctor).
 Every other reader of model headers (doctor, the registry, the CLI, the trainer, the engines)
 asks here.
 """
@@ -10,7 +11,10 @@ asks here.
 from __future__ import annotations
 
 import json
+import mmap
 import re
+import struct
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -35,9 +39,108 @@ def gguf_parts(path):
 # ---- GGUF ------------------------------------------------------------------------------------
 
 
+# GGUF value types (ggml's gguf.h), and the struct format of the fixed-size ones.
+_STRING, _ARRAY = 8, 9
+_SCALAR = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
+# Far beyond any real header (a 262k-token vocabulary is ~5 MB); a damaged count stops here.
+_MAX_KV = 1 << 20
+
+
+@dataclass(frozen=True)
+class GGUFArray:
+    """An array value, skipped rather than read (a vocabulary would be 100k+ Python objects):
+    its element type and length only."""
+
+    elem_type: int
+    count: int
+
+
+class _Cursor:
+    """Little reads off a memory map, with the file's byte order; raises ValueError past the end."""
+
+    def __init__(self, buf, order: str):
+        self.buf, self.order, self.pos = buf, order, 0
+
+    def take(self, fmt: str):
+        size = struct.calcsize(fmt)
+        if self.pos + size > len(self.buf):
+            raise ValueError("truncated header")
+        (v,) = struct.unpack_from(self.order + fmt, self.buf, self.pos)
+        self.pos += size
+        return v
+
+    def skip(self, n: int) -> None:
+        if n < 0 or self.pos + n > len(self.buf):
+            raise ValueError("truncated header")
+        self.pos += n
+
+    def string(self) -> str:
+        n = self.take("Q")
+        start = self.pos
+        self.skip(n)
+        return bytes(self.buf[start : self.pos]).decode("utf-8", errors="replace")
+
+    def value(self, vtype: int):
+        if vtype in _SCALAR:
+            return self.take(_SCALAR[vtype])
+        if vtype == _STRING:
+            return self.string()
+        if vtype == _ARRAY:
+            elem, count = self.take("I"), self.take("Q")
+            if elem in _SCALAR:
+                self.skip(count * struct.calcsize(_SCALAR[elem]))
+            elif elem == _STRING:
+                for _ in range(count):  # only the lengths are read, never the text
+                    self.skip(self.take("Q"))
+            elif elem == _ARRAY:
+                for _ in range(count):
+                    self.value(_ARRAY)
+            else:
+                raise ValueError(f"unknown GGUF array element type {elem}")
+            return GGUFArray(elem, count)
+        raise ValueError(f"unknown GGUF value type {vtype}")
+
+
+def read_gguf_header(path: Path, want: frozenset[str] | set[str] | None = None) -> dict[str, Any]:
+    """A GGUF file's key/value metadata, read from its header only: it stops before the tensor
+    infos, and arrays (the tokenizer's vocabulary, scores, merges) are skipped by length and
+    come back as GGUFArray. Milliseconds on any model, where the gguf package's reader builds
+    the whole vocabulary. With `want`, it stops as soon as it has read those keys (writers put
+    general.* first, before the vocabulary). Raises OSError when the file cannot be opened,
+    ValueError when it is not a GGUF file or its header is damaged."""
+    with Path(path).open("rb") as f:
+        if f.read(4) != b"GGUF":
+            raise ValueError("bad magic: not a GGUF file")
+        try:
+            buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        except ValueError as e:  # an empty file cannot be mapped
+            raise ValueError("truncated header") from e
+    with buf:
+        # The version is small: read the wrong way round it has its low 16 bits zero (a big-endian file).
+        (version,) = struct.unpack_from("<I", buf, 4) if len(buf) >= 8 else (0,)
+        order = "<" if version & 0xFFFF else ">"
+        cur = _Cursor(buf, order)
+        cur.pos = 4
+        version = cur.take("I")
+        if version not in (2, 3):
+            raise ValueError(f"unsupported GGUF version {version}")
+        cur.take("Q")  # tensor count: the tensor infos that follow the key/values are not read
+        n_kv = cur.take("Q")
+        if n_kv > _MAX_KV:
+            raise ValueError(f"implausible key/value count {n_kv}")
+        out: dict[str, Any] = {}
+        for _ in range(n_kv):
+            key = cur.string()
+            out[key] = cur.value(cur.take("I"))
+            if want is not None and want <= out.keys():
+                break
+        return out
+
+
 def open_gguf(path: Path):
-    """The gguf package's GGUFReader on `path` (memory-mapped; parsing it reads the whole
-    key/value header, vocabulary included). Raises OSError when the file cannot be opened,
+    """The gguf package's full GGUFReader on `path` (memory-mapped; parsing it builds the whole
+    vocabulary: seconds on a real model), for the trainer's readers of tensors. Readers of
+    header keys use read_gguf_header. Raises OSError when the file cannot be opened,
     ValueError when it is not a GGUF file or its header is damaged."""
     with Path(path).open("rb") as f:
         if f.read(4) != b"GGUF":
@@ -50,23 +153,32 @@ def open_gguf(path: Path):
         raise ValueError(str(e) or type(e).__name__) from e
 
 
-def gguf_value(reader, key: str) -> Any:
-    """One header value from an open reader; None when the key is absent."""
-    field = reader.fields.get(key)
-    return field.contents() if field is not None else None
+def gguf_value(header: dict[str, Any], key: str) -> Any:
+    """One value of a read_gguf_header result; None when the key is absent."""
+    return header.get(key)
 
 
-def reader_architecture(reader) -> str:
-    """general.architecture of an open reader; raises ValueError when it has none."""
-    arch = gguf_value(reader, "general.architecture")
-    if arch is None:
+def reader_architecture(header: dict[str, Any]) -> str:
+    """general.architecture of a read header; raises ValueError when it has none."""
+    arch = gguf_value(header, "general.architecture")
+    if not isinstance(arch, str):
         raise ValueError("no general.architecture key")
     return str(arch)
 
 
 def gguf_architecture(path: Path) -> str:
     """general.architecture from the GGUF header; raises OSError or ValueError when unreadable."""
-    return reader_architecture(open_gguf(path))
+    return reader_architecture(read_gguf_header(path, want={"general.architecture"}))
+
+
+def gguf_architecture_whole_file(path: Path) -> str:
+    """general.architecture, read with the full reader, which also walks every tensor and so
+    notices a file cut short (doctor's check; seconds on a real model, where the header alone
+    takes milliseconds). Raises OSError or ValueError."""
+    field = open_gguf(path).fields.get("general.architecture")
+    if field is None:
+        raise ValueError("no general.architecture key")
+    return str(field.contents())
 
 
 # ---- MLX / HF model directories ----------------------------------------------------------------

@@ -20,6 +20,9 @@ from clawd.config import TEMPERATURE_MAX, TOP_P_MIN_EXCLUSIVE
 
 TOP_LOGPROBS_MAX = 20  # OpenAI's limit for chat `top_logprobs`
 COMPLETION_LOGPROBS_MAX = 5  # OpenAI's limit for the legacy completions `logprobs`
+# A session id is echoed in a response header and logged: printable ASCII only (a CR/LF would
+# break the header, and a megabyte one would be echoed whole), and short.
+SESSION_ID_PATTERN = r"^[\x20-\x7e]{1,128}$"
 
 
 class ContentPart(BaseModel):
@@ -111,7 +114,9 @@ class ChatCompletionRequest(BaseModel):
     logprobs: bool | None = None
     top_logprobs: int | None = Field(None, ge=0, le=TOP_LOGPROBS_MAX)
     # clawd's own fields (headers X-Session-Id / X-Turn-Type / X-Session-Done win)
-    session_id: str | None = None
+    session_id: str | None = Field(
+        None, pattern=SESSION_ID_PATTERN, description="1-128 printable ASCII characters (no control characters)"
+    )
     turn_type: Literal["main", "side"] | None = None
     session_done: bool | str | None = None
 

@@ -26,7 +26,7 @@ from dataclasses import asdict
 from datetime import datetime
 from pathlib import Path
 
-from clawd import jobs
+from clawd import jobs, trainer_pid
 from clawd.adapters import Registry
 from clawd.config import TrainingSettings
 from clawd.errors import AdapterError, Busy, ClawdError, InvalidRequest
@@ -36,6 +36,7 @@ from clawd.served import ServedModel
 from clawd.store import adapters as adapter_rows
 from clawd.store import signals
 from clawd.store.db import Database
+from clawd.trainer_pid import trainer_pid_file
 from clawd.training.data import STOPPED, read_job, write_job
 
 log = logging.getLogger(__name__)
@@ -77,6 +78,7 @@ class Scheduler:
         self.poll_s = poll_s
         self.resume_quiet_s = resume_quiet_s
         self.jobs_dir = paths.state_dir / "jobs"
+        self.pid_file = trainer_pid_file(paths)
         self.status = TrainingStatus()
         self.history: list[dict] = []  # the current (or last) run's step metrics, for curves
         self._proc: asyncio.subprocess.Process | None = None
@@ -258,9 +260,15 @@ class Scheduler:
                 str(self.paths.cache_dir),
                 "--out",
                 str(self.paths.adapters_dir),
+                "--parent",  # the child dies with this daemon, even SIGKILLed (training/parent.py)
+                str(os.getpid()),
                 stdout=asyncio.subprocess.PIPE,
                 stderr=log_file,
             )
+            try:
+                trainer_pid.write(self.pid_file, self._proc.pid, job_dir)
+            except OSError as e:  # e.g. a full disk: the child still dies with us (training/parent.py)
+                log.warning("could not write %s: %s", self.pid_file, e)
             self._low_priority(self._proc.pid)
             done, error = None, None
             try:
@@ -276,6 +284,7 @@ class Scheduler:
                     await self._terminate()
                 self._proc = None
                 self._paused = False
+                trainer_pid.clear(self.pid_file)
         if code == STOPPED or (code != 0 and self._stopping):  # we stopped it: keep the job to resume
             st.state, st.phase = "idle", "stopped"
             st.result = {"job_id": job_dir.name, "stopped_at": st.step, "resumable": True}

@@ -14,12 +14,14 @@ from __future__ import annotations
 import asyncio
 import codecs
 import contextlib
+import dataclasses
+import re
 import threading
 from typing import NamedTuple
 
 from clawd.engines.base import SamplingParams
 from clawd.engines.runner import EngineRunner
-from clawd.errors import ContextLengthExceeded
+from clawd.errors import ContextLengthExceeded, InvalidRequest
 from clawd.protocol import Message
 from clawd.stops import StopMatcher
 
@@ -36,6 +38,18 @@ def teacher_messages(messages: list[dict], hint: str) -> list[Message]:
             out[i] = out[i].model_copy(update={"content": out[i].text() + HINT_MARKER + hint})
             break
     return out
+
+
+# Private-use characters: no tokenizer marker and no real message contains them as a pair.
+_HOLE = re.compile("\ue000(\\d+)\ue001")
+
+
+def _hole(i: int) -> str:
+    return f"\ue000{i}\ue001"
+
+
+def _forged_call(m: Message, forges) -> bool:
+    return any(forges(c.function.name) or forges(c.function.arguments) for c in m.tool_calls or [])
 
 
 class Prompt(NamedTuple):
@@ -63,9 +77,47 @@ class ServedModel:
 
     def prompt(self, messages: list[Message], tools: list | None = None) -> Prompt:
         """The chat template's rendering of `messages` and its token ids."""
-        rendered = self.format.render(messages, tools)
-        ids = self.engine.tokenize(rendered.prompt, add_bos=rendered.add_bos and self.info.add_bos)
+        rendered, ids = self._tokenize_prompt(self.format.render(messages, tools), messages, tools)
         return Prompt(rendered, ids)
+
+    def _tokenize_prompt(self, rendered, messages: list[Message], tools: list | None) -> tuple[object, list[int]]:
+        """Only the template's own markers become control tokens: text a client sent (any
+        message's content) that spells one, e.g. "<start_of_turn>" or "<eos>", is tokenized as
+        the plain text it is, so a user cannot forge a turn. Returns (rendered, ids)."""
+        add_bos = rendered.add_bos and self.info.add_bos
+        tok = self.engine.tokenize
+        if not getattr(self.format, "markers_in_text", True):
+            return rendered, tok(rendered.prompt, add_bos=add_bos, special=False)  # no marker in the text at all
+
+        def forges(text: str | None) -> bool:
+            return bool(text) and tok(text, add_bos=False, special=True) != tok(text, add_bos=False, special=False)
+
+        forged = {i: m.text() for i, m in enumerate(messages) if forges(m.text())}
+        if any(_forged_call(m, forges) for m in messages):
+            raise InvalidRequest("a tool call contains the model's control-token text: remove it", param="messages")
+        if not forged:  # the common case: one pass, exactly the tokenizer's own split
+            return rendered, tok(rendered.prompt, add_bos=add_bos, special=True)
+        # Render again with each forged content swapped for a hole, so the template's text and
+        # the client's text are told apart exactly; the holes are then filled as plain text.
+        holed = [m.model_copy(update={"content": _hole(i)}) if i in forged else m for i, m in enumerate(messages)]
+        template_text = self.format.render(holed, tools).prompt
+        parts = _HOLE.split(template_text)  # text, hole index, text, hole index, ..., text
+        seen = [int(n) for n in parts[1::2]]
+        if sorted(seen) != sorted(forged):
+            raise InvalidRequest(
+                "a message contains the model's control-token text (e.g. a turn marker) and the chat "
+                "template rewrites it, so it cannot be sent safely: remove the marker text",
+                param="messages",
+            )
+        ids: list[int] = []
+        text: list[str] = []
+        for k, part in enumerate(parts):
+            special = k % 2 == 0
+            piece = part if special else forged[int(part)]
+            text.append(piece)
+            if piece:
+                ids += tok(piece, add_bos=add_bos and not ids, special=special)
+        return dataclasses.replace(rendered, prompt="".join(text)), ids
 
     def prompt_ids(self, messages: list[Message], tools: list | None = None) -> list[int]:
         return self.prompt(messages, tools).ids

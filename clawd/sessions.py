@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import time
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from clawd.errors import InvalidRequest
-from clawd.protocol import ChatCompletionRequest, Message
+from clawd.protocol import SESSION_ID_PATTERN, ChatCompletionRequest, Message
 from clawd.store import signals, turns
 from clawd.store.db import Database
 
@@ -56,6 +57,15 @@ def continuation_hash(messages: list[Message], response_text: str) -> str:
     return messages_hash([*messages, Message(role="assistant", content=response_text)])
 
 
+def check_session_id(value: str, param: str = "session_id") -> str:
+    """`value` when it is a usable session id (SESSION_ID_PATTERN), else a 400 that does not echo it."""
+    if not re.fullmatch(SESSION_ID_PATTERN, value):
+        raise InvalidRequest(
+            "a session id is 1-128 printable ASCII characters, without control characters", param=param
+        )
+    return value
+
+
 def new_session_id() -> str:
     return "s-" + uuid.uuid4().hex[:16]
 
@@ -71,11 +81,13 @@ async def attribute(
     now = time.time() if now is None else now
     turn_type = headers.get("x-turn-type") or req.turn_type or "main"
     if turn_type not in ("main", "side"):
-        raise InvalidRequest(f"X-Turn-Type must be 'main' or 'side', got {turn_type!r}", param="turn_type")
+        raise InvalidRequest(f"X-Turn-Type must be 'main' or 'side', got {turn_type[:40]!r}", param="turn_type")
     done = _flag(headers.get("x-session-done")) or _flag(req.session_done)
     explicit, source = headers.get("x-session-id"), "header"
     if not explicit and req.session_id:
         explicit, source = req.session_id, "body"
+    if explicit:
+        check_session_id(explicit)
 
     earlier = await turns.find_by_request_hash(db, messages_hash(req.messages))
     if earlier and now - earlier.created_at > REGENERATE_WINDOW_S:

@@ -39,6 +39,7 @@ class TranscriptFormat:
     starting the next 'User:' line, which is the stop string."""
 
     name = "transcript"
+    markers_in_text = False  # plain text only: every character is tokenized as text, none as a control token
 
     def __init__(self, add_bos: bool = True):
         self._add_bos = add_bos
@@ -65,6 +66,7 @@ class JinjaFormat:
     """The model's own chat template (HF / GGUF `tokenizer.chat_template`)."""
 
     name = "template"
+    markers_in_text = True  # the template writes control tokens as text (served.py keeps clients' apart)
 
     def __init__(self, template: str, bos_token: str, eos_token: str):
         import jinja2
@@ -87,8 +89,6 @@ class JinjaFormat:
         self._bos, self._eos = bos_token, eos_token
 
     def render(self, messages: list[Message], tools: list | None = None) -> Rendered:
-        import jinja2
-
         msgs = []
         for m in messages:
             d = m.model_dump(exclude_none=True)
@@ -109,8 +109,12 @@ class JinjaFormat:
             )
         except InvalidRequest:
             raise
-        except (jinja2.TemplateError, TypeError, ValueError, AttributeError) as e:  # filters raise plain errors too
-            raise InvalidRequest(f"the model's chat template failed on these messages: {e}", param="messages") from e
+        except Exception as e:  # filters raise plain errors too (TypeError, OverflowError, ...):
+            # whatever the template does with these messages, it is these messages it failed on
+            raise InvalidRequest(
+                f"the model's chat template failed on these messages: {type(e).__name__}: {str(e)[:200]}",
+                param="messages",
+            ) from e
         # The template writes BOS itself when it wants one; tokenizing must not add a second.
         starts_with_bos = bool(self._bos) and prompt.startswith(self._bos)
         return Rendered(prompt, add_bos=not starts_with_bos)

@@ -878,6 +878,57 @@ def test_a_turn_the_engine_fails_on_backs_off_then_is_given_up(clawd_home, http)
         d.stop()
 
 
+def test_a_row_that_raises_anything_backs_off_then_ends_empty_and_never_blocks_the_rest(clawd_home, http):
+    """Any exception while mining a row (here a judge bug: a RuntimeError on one turn) is
+    counted on that row with its error, backs it off exponentially, and after MAX_ATTEMPTS the
+    row ends `empty` with the error kept; the rows behind it are mined all along."""
+    d = mining_daemon(clawd_home, CLAWD_MINING_RETRY_S="0.001")
+    try:
+        a = Convo(d, http)
+        bad = a.say("Suggest a color for my living room.")
+        a.say(CORRECTION)
+        rules, calls = d.state.miner.rules, []
+        bad_text = stored_turn(d, bad).response_text
+        real_evaluate = rules.evaluate
+
+        def evaluate(inp):
+            if inp.response == bad_text:
+                calls.append(time.time())
+                raise RuntimeError("judge bug on this one row")
+            return real_evaluate(inp)
+
+        rules.evaluate = evaluate
+        good = []
+        for i in range(3):  # rows queued behind the failing (oldest) one
+            b = Convo(d, http)
+            good.append(b.say(f"Suggest a paint number {i} for my kitchen walls."))
+            b.say(CORRECTION)
+        assert mine(d) >= 4  # the bad row (oldest) is tried, and every other row is mined in the same pass
+        for tid in good:
+            assert stored_signal(d, tid).status == "ready"
+        sig = stored_signal(d, bad)
+        assert sig.attempts >= 1 and sig.error == "RuntimeError: judge bug on this one row"
+
+        def given_up():
+            mine(d)
+            return stored_signal(d, bad).status == "empty"
+
+        wait_for(given_up, what="the failing row to be given up")
+        sig = stored_signal(d, bad)
+        assert sig.attempts == MAX_ATTEMPTS and len(calls) == MAX_ATTEMPTS
+        assert sig.error == "RuntimeError: judge bug on this one row"
+        gaps = [b - a for a, b in zip(calls, calls[1:])]
+        assert all(g >= 0.001 * 2**i for i, g in enumerate(gaps))  # backed off, doubling
+        assert mine(d) == 0 and len(calls) == MAX_ATTEMPTS  # given up: never tried again
+        c = Convo(d, http)  # and new rows still get mined
+        late = c.say("Suggest a rug for my hallway please.")
+        c.say(CORRECTION)
+        mine(d)
+        assert stored_signal(d, late).status == "ready"
+    finally:
+        d.stop()
+
+
 # --- overlap-guided hint selection (METHOD §4) ---------------------------------------------------
 
 

@@ -195,6 +195,8 @@ def test_jinja_runtime_template_error_is_invalid_request():
         ("{% for m in messages %}{{ 1 + m.content }}{% endfor %}", TypeError),  # int + str
         ("{{ messages[0].content | sum }}", TypeError),
         ("{% for i in range(0, messages | length, 0) %}{{ i }}{% endfor %}", ValueError),
+        ("{{ (10 ** (400 * messages | length)) | float }}", OverflowError),  # issue 18: was a 500
+        ("{{ 1 // (messages | length - 1) }}", ZeroDivisionError),
     ],
 )
 def test_jinja_plain_errors_on_the_messages_are_invalid_request(template, cause):

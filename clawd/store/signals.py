@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -191,6 +191,29 @@ async def save(db: Database, sig: Signal, *, if_updated_at: float | None = None)
             ),
         )
         return cur.rowcount == 1
+
+
+async def record_failure(
+    db: Database, turn_id: str, error: str, *, backoff: Callable[[int], float], max_attempts: int
+) -> int:
+    """A failed pairing or mining attempt on a waiting or pending row: count it, record the error, and set the next
+    try `backoff(attempts)` seconds away; the `max_attempts`-th failure ends the row `empty`.
+    Touches the counters only, by SQL, so it works on a row whose data cannot be decoded.
+    Returns the attempt count (0 when the row is gone or already mined)."""
+    async with db.transaction():
+        rows = await db.conn.execute_fetchall(
+            "SELECT attempts, status FROM signals WHERE turn_id = ? AND status IN ('waiting', 'pending')", (turn_id,)
+        )
+        if not rows:
+            return 0
+        attempts = rows[0][0] + 1
+        now = time.time()
+        status = "empty" if attempts >= max_attempts else rows[0][1]
+        await db.conn.execute(
+            "UPDATE signals SET attempts = ?, error = ?, retry_at = ?, status = ?, updated_at = ? WHERE turn_id = ?",
+            (attempts, error, now + backoff(attempts), status, now, turn_id),
+        )
+        return attempts
 
 
 async def reopen(db: Database, turn_id: str) -> None:

@@ -28,6 +28,7 @@ from pathlib import Path
 
 from clawd.training import blas
 from clawd.training.data import STOPPED
+from clawd.training.parent import die_with_parent
 
 LORA_KEYS = {
     "q_proj": "self_attn.q_proj",
@@ -404,7 +405,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--cache", type=Path, required=True, help="clawd's cache dir (dequantized weights, BLAS shim)")
     p.add_argument("--out", type=Path, required=True, help="the adapters dir")
     p.add_argument("--stock-blas", action="store_true", help="keep MLX's bundled reference BLAS (benchmarks)")
+    p.add_argument("--parent", type=int, help="the daemon's pid: this trainer ends when that process does")
     a = p.parse_args(argv)
+    if a.parent is not None:
+        die_with_parent(a.parent)  # first, before the slow imports: a dead daemon's trainer must not run on
     try:
         sys.exit(run(a.job_dir, a.cache, a.out, stock_blas=a.stock_blas))
     except Exception as e:  # the daemon shows this line; the traceback goes to stderr (the log)
