@@ -19,11 +19,11 @@ import openai
 import pytest
 
 from clawd.errors import InvalidRequest
+from clawd.store import signals, turns
 from clawd.tool_calls import formats
 from clawd.tool_calls.parsers import BareJsonParser, Call, Content, PlainParser, TaggedJsonParser
 from clawd.tool_calls.plan import plan
 from clawd.tool_calls.schema_check import schema_errors
-from clawd.store import signals, turns
 from tests.conftest import start_daemon
 from tests.tiny_models import build_tiny_gguf
 
