@@ -480,8 +480,9 @@ def test_grammar_is_honoured_or_refused(engine):
     assert engine.supports_grammar
     grammar = engine.grammar_from_schema(SCHEMA)
     prompt = _prompt(engine)
-    for seed in (1, 2):  # a random-weight model writes schema-valid JSON only under the grammar
-        params = SamplingParams(max_tokens=120, temperature=1.0, seed=seed, grammar=grammar)
+    # A random-weight model writes schema-valid JSON only under the grammar; greedy too.
+    for temperature, seed in ((1.0, 1), (1.0, 2), (0.0, None)):
+        params = SamplingParams(max_tokens=120, temperature=temperature, seed=seed, grammar=grammar)
         toks = list(engine.generate(prompt, params))
         assert toks[-1].is_end, "the grammar ends the reply: only an end token may follow it"
         value = json.loads(b"".join(t.piece for t in toks).decode())

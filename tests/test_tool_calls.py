@@ -464,6 +464,45 @@ def test_a_tool_call_turn_is_logged_as_sampled_and_its_tool_result_is_mined(qwen
     r = client.chat.completions.with_raw_response.create(model="x", messages=follow, tools=TOOLS, max_tokens=8)
     second = d.run(turns.get_turn(d.state.db, r.headers["x-clawd-turn-id"]))
     assert second.session_id == rec.session_id  # the same conversation
-    assert "<tool_response>" in second.prompt_text and result in second.prompt_text  # rendered by the template
+    # The history went through the template: the call as a <tool_call>, the result as a <tool_response>.
+    call = msg.tool_calls[0]
+    assert f'<tool_call>\n{{"name": "{call.function.name}", "arguments": ' in second.prompt_text
+    assert f"<tool_response>\n{result}\n</tool_response>" in second.prompt_text
     sig = wait_signal(d, turn_id)
     assert (sig.next_role, sig.reward, sig.next_turn_id) == ("tool", reward, second.id)
+
+
+@pytest.fixture
+def llama3_daemon(clawd_home, tmp_path_factory):
+    from clawd.engines.llamacpp import Engine
+
+    path = build_tiny_gguf(
+        tmp_path_factory.mktemp("tiny-llama3") / "tiny-llama3.gguf", chat_template=LLAMA3_TEMPLATE, n_ctx_train=2048
+    )
+    d = start_daemon(clawd_home, Engine(path, n_ctx=2048, n_threads=1, model_id="tiny-llama3"))
+    yield d
+    d.stop()
+
+
+def test_llama3_json_calls_through_the_sdk(llama3_daemon):
+    client = sdk(llama3_daemon)
+    assert client.models.list().data[0].model_dump()["tool_format"] == "llama3-json"
+    kw = dict(
+        model="x",
+        messages=[{"role": "user", "content": "Weather?"}],
+        tools=TOOLS,
+        tool_choice="required",
+        parallel_tool_calls=False,
+        max_tokens=200,
+        seed=3,
+    )
+    r = client.chat.completions.create(**kw)
+    assert r.choices[0].finish_reason == "tool_calls" and r.choices[0].message.content is None
+    check_calls(r.choices[0].message.tool_calls)
+    chunks = list(client.chat.completions.create(stream=True, **kw))
+    deltas = [tc for ch in chunks for c in ch.choices for tc in c.delta.tool_calls or []]
+    assert "".join(c.delta.content or "" for ch in chunks for c in ch.choices) == ""
+    assert deltas[0].function.name in SCHEMAS
+    args = json.loads("".join(d.function.arguments or "" for d in deltas))
+    assert schema_errors(args, SCHEMAS[deltas[0].function.name]) == []
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
