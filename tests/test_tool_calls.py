@@ -370,6 +370,8 @@ def test_named_tool_call_streamed(qwen_daemon):
         max_tokens=200,
         seed=5,
         stream=True,
+        logprobs=True,
+        stream_options={"include_usage": True},
     )
     chunks = list(stream)
     deltas = [tc for ch in chunks for c in ch.choices for tc in c.delta.tool_calls or []]
@@ -379,7 +381,12 @@ def test_named_tool_call_streamed(qwen_daemon):
     assert deltas[0].function.arguments == "" and all(d.index == 0 and d.id is None for d in deltas[1:])
     args = "".join(d.function.arguments or "" for d in deltas)
     assert schema_errors(json.loads(args), TIME) == []
-    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+    finals = [c for ch in chunks for c in ch.choices if c.finish_reason]
+    assert [c.finish_reason for c in finals] == ["tool_calls"]
+    # The tokens behind the held-back markup still report their log-probs: one per sampled
+    # token but the end token, as for any reply.
+    lps = [t for ch in chunks for c in ch.choices if c.logprobs for t in c.logprobs.content]
+    assert len(lps) == chunks[-1].usage.completion_tokens - 1
 
 
 def test_response_format_json_schema_is_followed(qwen_daemon):
