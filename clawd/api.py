@@ -609,13 +609,12 @@ async def _sse(ts: TurnStream, include_usage: bool, logprobs: bool):
         yield chunk({"role": "assistant", "content": ""})
         async for piece in ts:
             lp_piece = piece  # a piece's log-probs go out once, with its first chunk
-            if piece.text or not piece.calls:
+            if piece.text or not piece.deltas:
                 yield chunk({"content": piece.text}, piece=lp_piece)
                 lp_piece = None
-            for call in piece.calls:
-                for delta in call.deltas():
-                    yield chunk({"tool_calls": [delta]}, piece=lp_piece)
-                    lp_piece = None
+            for delta in piece.deltas:
+                yield chunk({"tool_calls": [delta]}, piece=lp_piece)
+                lp_piece = None
         if ts.error:
             yield _event(ts.error.to_openai())
         else:

@@ -33,7 +33,7 @@ from clawd.stops import StopMatcher
 from clawd.store import turns
 from clawd.store.db import Database
 from clawd.tool_calls import plan as tool_plan
-from clawd.tool_calls.parsers import Call, Content, PlainParser
+from clawd.tool_calls.parsers import Call, Content, Delta, PlainParser
 
 log = logging.getLogger(__name__)
 _END = object()
@@ -48,6 +48,7 @@ class Piece:
     text: str
     tokens: tuple[SampledToken, ...] = ()
     calls: tuple[Call, ...] = ()  # tool calls completed with this piece (tool_calls/parsers.py)
+    deltas: tuple[dict, ...] = ()  # their stream form: `delta.tool_calls` entries, in order
 
 
 @dataclass
@@ -299,10 +300,11 @@ class _TurnJob:
             events = (parser.feed(piece) if piece else []) + (parser.finish() if last else [])
             shown = "".join(e.text for e in events if isinstance(e, Content))
             done = tuple(e for e in events if isinstance(e, Call))
-            if shown or done or (last and pending):
+            deltas = tuple(e.entry for e in events if isinstance(e, Delta))
+            if shown or done or deltas or (last and pending):
                 content.append(shown)
                 calls.extend(done)
-                ts._queue.put_nowait(Piece(shown, tuple(pending), done))
+                ts._queue.put_nowait(Piece(shown, tuple(pending), done, deltas))
                 pending.clear()
 
         try:

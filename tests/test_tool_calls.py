@@ -21,7 +21,7 @@ import pytest
 from clawd.errors import InvalidRequest
 from clawd.store import signals, turns
 from clawd.tool_calls import formats
-from clawd.tool_calls.parsers import BareJsonParser, Call, Content, PlainParser, TaggedJsonParser
+from clawd.tool_calls.parsers import BareJsonParser, Call, Content, Delta, PlainParser, TaggedJsonParser
 from clawd.tool_calls.plan import plan
 from clawd.tool_calls.schema_check import schema_errors
 from tests.conftest import start_daemon
@@ -147,6 +147,31 @@ def test_hermes_parallel_calls_whole_and_streamed(step):
     assert [e.index for e in events if isinstance(e, Call)] == [0, 1]
     ids = [e.id for e in events if isinstance(e, Call)]
     assert all(i.startswith("call_") for i in ids) and len(set(ids)) == 2
+
+
+def test_hermes_under_a_grammar_streams_the_call_as_it_is_written():
+    text = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Pa}ris", "days": [2]}}\n</tool_call>'
+    p = TaggedJsonParser({"get_weather"}, live=True)
+    per_char = [p.feed(ch) for ch in text] + [p.finish()]
+    flat = [e for evs in per_char for e in evs]
+    assert not any(isinstance(e, Content) for e in flat)
+    # The header goes out as soon as the name and the arguments key are read...
+    first = next(i for i, evs in enumerate(per_char) if evs)
+    assert text[: first + 1].endswith('"arguments": {')
+    head = flat[0].entry
+    assert head["function"] == {"name": "get_weather", "arguments": ""} and head["id"].startswith("call_")
+    # ...then the arguments grow with the text (a brace inside a string does not end them).
+    frags = [e.entry["function"]["arguments"] for e in flat[1:] if isinstance(e, Delta)]
+    assert len(frags) > 10 and "".join(frags) == '{"city": "Pa}ris", "days": [2]}'
+    (call,) = [e for e in flat if isinstance(e, Call)]
+    assert (call.id, call.arguments) == (head["id"], "".join(frags))
+
+
+def test_hermes_under_a_grammar_parses_a_whole_text_the_same_way():
+    text = '<tool_call>\n{"name": "get_time", "arguments": {"zone": "UTC"}}\n</tool_call>'
+    whole = run(TaggedJsonParser({"get_time"}, live=True), text)
+    streamed = run(TaggedJsonParser({"get_time"}, live=True), text, 1)
+    assert calls_of(whole) == calls_of(streamed) == [("get_time", {"zone": "UTC"})]
 
 
 def test_hermes_holds_a_possible_tag_but_releases_plain_text_at_once():
@@ -381,6 +406,16 @@ def test_named_tool_call_streamed(qwen_daemon):
     assert deltas[0].function.arguments == "" and all(d.index == 0 and d.id is None for d in deltas[1:])
     args = "".join(d.function.arguments or "" for d in deltas)
     assert schema_errors(json.loads(args), TIME) == []
+    assert len(deltas) > 3  # the arguments streamed as they were sampled, not in one piece
+    again = sdk(qwen_daemon).chat.completions.create(
+        model="x",
+        messages=[{"role": "user", "content": "What time is it?"}],
+        tools=TOOLS,
+        tool_choice={"type": "function", "function": {"name": "get_time"}},
+        max_tokens=200,
+        seed=5,
+    )
+    assert again.choices[0].message.tool_calls[0].function.arguments == args  # same seed, same call
     finals = [c for ch in chunks for c in ch.choices if c.finish_reason]
     assert [c.finish_reason for c in finals] == ["tool_calls"]
     # The tokens behind the held-back markup still report their log-probs: one per sampled

@@ -1,19 +1,26 @@
 """Incremental parsers: the model's reply text in, content and tool calls out.
 
 One parser per chat-template family, all with the same face: `feed(text)` as pieces are
-released and `finish()` at the end, each returning a list of events (Content or Call). The
-non-streamed reply runs the very same parser over its whole text, so the two can never
-disagree. Markup is held back while it might still be a call, and whatever does not parse
-as a call is released as plain content: a malformed call is the model's text, not an error.
+released and `finish()` at the end, each returning a list of events: Content (text for the
+client), Delta (one `delta.tool_calls` entry for a stream) and Call (a finished call, for
+`message.tool_calls` and the turn log). The non-streamed reply runs the very same parser
+over its whole text, so the two can never disagree. Markup is held back while it might
+still be a call, and whatever does not parse as a call is released as plain content: a
+malformed call is the model's text, not an error.
 
-A call is emitted whole, once its closing markup (or the end of the reply) is seen: its
-arguments are parsed and re-serialised, so `function.arguments` is always one JSON object
-as a string (api.py then streams it as the standard header chunk plus argument fragments).
+When a call streams. Unconstrained (`tool_choice: auto`), a call is emitted whole once its
+closing markup (or the end of the reply) is seen, its arguments parsed and re-serialised:
+only then is it known to be a call at all, and a stream cannot take back a header it sent.
+Under a grammar (`live=True`: the output is a well-formed call by construction) the Hermes
+parser streams as the model writes: the header (index, id, name) as soon as the name is
+read, then the arguments' text as it grows. Llama 3 calls are a whole reply and always
+come at its end.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from dataclasses import dataclass
 
@@ -21,6 +28,11 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class Content:
     text: str
+
+
+@dataclass(frozen=True)
+class Delta:
+    entry: dict  # one element of a chunk's delta.tool_calls
 
 
 @dataclass(frozen=True)
@@ -43,10 +55,11 @@ class Call:
             "function": {"name": self.name, "arguments": ""},
         }
         args = self.arguments
-        return [head] + [
-            {"index": self.index, "function": {"arguments": args[i : i + fragment]}}
-            for i in range(0, len(args), fragment)
-        ]
+        return [head] + [_args_delta(self.index, args[i : i + fragment]) for i in range(0, len(args), fragment)]
+
+
+def _args_delta(index: int, text: str) -> dict:
+    return {"index": index, "function": {"arguments": text}}
 
 
 def new_call_id() -> str:
@@ -79,14 +92,16 @@ def _held_prefix(text: str, marker: str) -> int:
 
 
 class _Base:
-    def __init__(self, tools: set[str] | None = None):
+    def __init__(self, tools: set[str] | None = None, live: bool = False):
         self.known = tools
+        self.live = live
         self.calls = 0
 
-    def _call(self, name: str, arguments: str) -> Call:
+    def _call(self, name: str, arguments: str) -> list:
+        """A whole call: the Call, then its stream deltas (header, argument fragments)."""
         call = Call(self.calls, new_call_id(), name, arguments)
         self.calls += 1
-        return call
+        return [call, *(Delta(d) for d in call.deltas())]
 
 
 class PlainParser(_Base):
@@ -99,16 +114,36 @@ class PlainParser(_Base):
         return []
 
 
+_HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"(?:arguments|parameters)"\s*:\s*(?=\S)')
+
+
+@dataclass
+class _Live:
+    """A call being streamed: its header is out; `sent` is how far its arguments are."""
+
+    call_index: int
+    id: str
+    name: str
+    start: int  # where the arguments begin in the parser's buffer
+    sent: int
+    scan: int
+    depth: int = 0
+    in_string: bool = False
+    escaped: bool = False
+    end: int | None = None  # just after the arguments' closing bracket, once seen
+
+
 class TaggedJsonParser(_Base):
     """Qwen2.5 / Hermes: `<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`,
     any number of them, possibly after some content."""
 
     OPEN, CLOSE = "<tool_call>", "</tool_call>"
 
-    def __init__(self, tools: set[str] | None = None):
-        super().__init__(tools)
+    def __init__(self, tools: set[str] | None = None, live: bool = False):
+        super().__init__(tools, live)
         self._buf = ""
         self._inside = False
+        self._live: _Live | None = None
 
     def feed(self, text: str) -> list:
         self._buf += text
@@ -124,20 +159,70 @@ class TaggedJsonParser(_Base):
                 self._content(out, self._buf[:at])
                 self._buf, self._inside = self._buf[at:], True
             end = self._buf.find(self.CLOSE)
+            if self.live:
+                self._stream(out, len(self._buf) if end < 0 else end)
             if end < 0:
                 return out
             block = self._buf[: end + len(self.CLOSE)]
+            self._end_block(out, block, end)
             self._buf, self._inside = self._buf[len(block) :], False
-            self._block(out, block)
 
     def finish(self) -> list:
         out: list = []
         if self._inside:  # the reply ended inside a call: a call if its JSON is whole
-            self._block(out, self._buf)
+            if self.live:
+                self._stream(out, len(self._buf))
+            self._end_block(out, self._buf, len(self._buf))
         else:
             self._content(out, self._buf)
         self._buf = ""
         return out
+
+    def _end_block(self, out: list, block: str, end: int) -> None:
+        live, self._live = self._live, None
+        if live is None:
+            self._block(out, block)
+            return
+        args_end = live.end if live.end is not None else end
+        if live.sent < args_end:  # the arguments' last text, if the scan stopped short of it
+            out.append(Delta(_args_delta(live.call_index, block[live.sent : args_end])))
+        out.append(Call(live.call_index, live.id, live.name, block[live.start : args_end].strip()))
+
+    def _stream(self, out: list, limit: int) -> None:
+        """Under a grammar: send the header once the name is read, then the arguments' text
+        up to `limit` (the buffer's end, or where the closing tag starts)."""
+        buf = self._buf
+        if self._live is None:
+            m = _HEAD.match(buf, len(self.OPEN))
+            if m is None or m.end() > limit or (self.known is not None and m.group(1) not in self.known):
+                return
+            live = _Live(self.calls, new_call_id(), json.loads(f'"{m.group(1)}"'), m.end(), m.end(), m.end())
+            self.calls += 1
+            self._live = live
+            out.append(Delta(Call(live.call_index, live.id, live.name, "").deltas()[0]))
+        live = self._live
+        while live.end is None and live.scan < limit:
+            ch = buf[live.scan]
+            live.scan += 1
+            if live.in_string:
+                if live.escaped:
+                    live.escaped = False
+                elif ch == "\\":
+                    live.escaped = True
+                elif ch == '"':
+                    live.in_string = False
+            elif ch == '"':
+                live.in_string = True
+            elif ch in "{[":
+                live.depth += 1
+            elif ch in "}]":
+                live.depth -= 1
+                if live.depth == 0:
+                    live.end = live.scan
+        upto = live.end if live.end is not None else live.scan
+        if upto > live.sent:
+            out.append(Delta(_args_delta(live.call_index, buf[live.sent : upto])))
+            live.sent = upto
 
     def _content(self, out: list, text: str) -> None:
         if self.calls and not text.strip():
@@ -155,7 +240,7 @@ class TaggedJsonParser(_Base):
         if parsed is None:
             out.append(Content(block))  # malformed: the model's text as it is
         else:
-            out.append(self._call(*parsed))
+            out.extend(self._call(*parsed))
 
 
 class BareJsonParser(_Base):
@@ -166,8 +251,8 @@ class BareJsonParser(_Base):
 
     TAG = "<|python_tag|>"
 
-    def __init__(self, tools: set[str] | None = None):
-        super().__init__(tools)
+    def __init__(self, tools: set[str] | None = None, live: bool = False):
+        super().__init__(tools, live)
         self._buf = ""
         self._mode: str | None = None  # None: undecided; "content" | "call"
 
@@ -202,4 +287,4 @@ class BareJsonParser(_Base):
                 pos = len(body) - len(body[pos:].lstrip().removeprefix(";").lstrip())
         except ValueError:
             return [Content(text)]
-        return [self._call(*c) for c in calls] if calls else [Content(text)]
+        return [e for c in calls for e in self._call(*c)] if calls else [Content(text)]

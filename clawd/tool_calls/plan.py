@@ -34,7 +34,8 @@ class ToolPlan:
     def parser(self):
         if self.format is None:
             return PlainParser()
-        return self.format.parser(set(self.tools))
+        # A forced call is well-formed by its grammar, so it may stream as it is written.
+        return self.format.parser(set(self.tools), live=self.choice in ("required", "named"))
 
 
 def _tools(raw: list | None) -> dict[str, dict]:
