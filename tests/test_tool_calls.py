@@ -548,3 +548,38 @@ def test_llama3_json_calls_through_the_sdk(llama3_daemon):
     args = json.loads("".join(d.function.arguments or "" for d in deltas))
     assert schema_errors(args, SCHEMAS[deltas[0].function.name]) == []
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
+
+
+def test_plan_json_object_is_any_object():
+    seen = []
+    p = make_plan(tools_raw=None, response_format={"type": "json_object"}, to_gbnf=lambda s: seen.append(s) or "g")
+    assert (p.grammar, seen) == ("g", [{"type": "object"}])
+    assert make_plan(response_format={"type": "text"}).grammar is None
+
+
+def test_tool_choice_none_and_auto_on_a_real_daemon(qwen_daemon):
+    client = sdk(qwen_daemon)
+    msgs = [{"role": "user", "content": "hello"}]
+    for choice in ("none", "auto"):
+        r = client.chat.completions.create(
+            model="x", messages=msgs, tools=TOOLS, tool_choice=choice, max_tokens=16, seed=1
+        )
+        # The random model writes no call: its words come back as content, unconstrained.
+        assert r.choices[0].message.tool_calls is None and isinstance(r.choices[0].message.content, str)
+        assert r.choices[0].finish_reason in ("stop", "length")
+
+
+def test_a_forced_call_cut_by_max_tokens_ends_as_length(qwen_daemon):
+    client = sdk(qwen_daemon)
+    kw = dict(
+        model="x",
+        messages=[{"role": "user", "content": "Weather?"}],
+        tools=TOOLS,
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+        max_tokens=12,
+        seed=1,
+    )
+    r = client.chat.completions.create(**kw)
+    assert r.choices[0].finish_reason == "length"  # not "tool_calls": the call is unfinished
+    chunks = list(client.chat.completions.create(stream=True, **kw))
+    assert chunks[-1].choices[0].finish_reason == "length"
