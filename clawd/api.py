@@ -560,6 +560,7 @@ def _summary(r: turns.TurnRecord) -> TurnSummary:
         adapter_id=r.adapter_id,
         requery_of=r.requery_of,
         timings=r.timings,
+        tool_calls=r.tool_calls,
     )
 
 

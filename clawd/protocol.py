@@ -223,6 +223,7 @@ class TurnSummary(BaseModel):
     adapter_id: str | None
     requery_of: str | None
     timings: dict[str, Any]
+    tool_calls: list[dict[str, Any]] = []  # the calls parsed from response_text (its raw text)
 
 
 class SessionSummary(BaseModel):

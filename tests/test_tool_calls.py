@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import time
 
+import httpx
 import numpy as np
 import openai
 import pytest
@@ -490,7 +491,9 @@ def test_a_tool_call_turn_is_logged_as_sampled_and_its_tool_result_is_mined(qwen
     # The log keeps the model's raw text and the calls the client got.
     assert rec.finish_reason == "tool_calls"
     assert rec.tool_calls == [c.model_dump() for c in msg.tool_calls]
-    assert "<tool_call>" in rec.response_text and "sampling" and rec.sampling["grammar"].startswith("root ::=")
+    assert "<tool_call>" in rec.response_text and rec.sampling["grammar"].startswith("root ::=")
+    shown = httpx.get(f"{d.url}/clawd/turns/{turn_id}").json()
+    assert shown["tool_calls"] == rec.tool_calls and shown["finish_reason"] == "tool_calls"
     # The stored ids are what was sampled under the grammar: they replay to the logged text
     # (the end token has no text), and their stored log-probs are the model's own: a re-score agrees.
     engine = d.state.model.engine
