@@ -586,3 +586,26 @@ def test_a_forced_call_cut_by_max_tokens_ends_as_length(qwen_daemon):
     assert r.choices[0].finish_reason == "length"  # not "tool_calls": the call is unfinished
     chunks = list(client.chat.completions.create(stream=True, **kw))
     assert chunks[-1].choices[0].finish_reason == "length"
+
+
+def test_a_schema_the_grammar_cannot_express_is_a_400(qwen_daemon):
+    client = sdk(qwen_daemon)
+    remote = {"type": "object", "properties": {"a": {"$ref": "https://example.com/a.json"}}}
+    with pytest.raises(openai.BadRequestError) as e:  # never fetched: a 400, not a request to the URL
+        client.chat.completions.create(
+            model="x",
+            messages=[{"role": "user", "content": "hi"}],
+            response_format={"type": "json_schema", "json_schema": {"name": "a", "schema": remote}},
+        )
+    assert e.value.body["param"] == "response_format" and "grammar" in e.value.body["message"]
+    bad_tool = [
+        {
+            "type": "function",
+            "function": {"name": "f", "parameters": {"type": "object", "properties": {"a": {"type": "quaternion"}}}},
+        }
+    ]
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(
+            model="x", messages=[{"role": "user", "content": "hi"}], tools=bad_tool, tool_choice="required"
+        )
+    assert e.value.body["param"] == "tools"
