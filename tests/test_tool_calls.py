@@ -609,3 +609,20 @@ def test_a_schema_the_grammar_cannot_express_is_a_400(qwen_daemon):
             model="x", messages=[{"role": "user", "content": "hi"}], tools=bad_tool, tool_choice="required"
         )
     assert e.value.body["param"] == "tools"
+
+
+@pytest.mark.parametrize("make", [TaggedJsonParser, BareJsonParser, lambda known: TaggedJsonParser(known, live=True)])
+def test_parsers_never_raise_and_lose_no_text_on_random_markup(make):
+    """Random soup of markup fragments, fed in random splits: a parser never raises, and
+    when it finds no call, the content is exactly the text (nothing held back or dropped)."""
+    rng = np.random.default_rng(0)
+    bits = ["<tool_call>", "</tool_call>", "<tool", "_call>", "{", "}", '"name"', ":", '"get_time"', ",", '"arguments"']
+    bits += ['"parameters"', "[", "]", '"', "\\", "\\q", " ", "\n", ";", "<|python_tag|>", "hi", '{"zone": "UTC"}']
+    for _ in range(300):
+        text = "".join(rng.choice(bits, size=int(rng.integers(1, 30))))
+        cuts = sorted(set(rng.integers(0, len(text) + 1, size=int(rng.integers(0, 8))).tolist()))
+        pieces = [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)])]
+        p = make(None if rng.random() < 0.3 else {"get_time"})
+        events = [e for piece in pieces for e in p.feed(piece)] + p.finish()
+        if not any(isinstance(e, (Call, Delta)) for e in events):
+            assert content_of(events) == text

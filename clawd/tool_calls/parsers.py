@@ -196,7 +196,11 @@ class TaggedJsonParser(_Base):
             m = _HEAD.match(buf, len(self.OPEN))
             if m is None or m.end() > limit or (self.known is not None and m.group(1) not in self.known):
                 return
-            live = _Live(self.calls, new_call_id(), json.loads(f'"{m.group(1)}"'), m.end(), m.end(), m.end())
+            try:
+                name = json.loads(f'"{m.group(1)}"')
+            except ValueError:  # a bad escape in the name: not a call we can stream
+                return
+            live = _Live(self.calls, new_call_id(), name, m.end(), m.end(), m.end())
             self.calls += 1
             self._live = live
             out.append(Delta(Call(live.call_index, live.id, live.name, "").deltas()[0]))
