@@ -175,6 +175,25 @@ def test_hermes_under_a_grammar_parses_a_whole_text_the_same_way():
     assert calls_of(whole) == calls_of(streamed) == [("get_time", {"zone": "UTC"})]
 
 
+def test_llama3_json_under_a_grammar_streams_each_call_as_it_is_written():
+    text = '{"name": "get_time", "parameters": {"zone": "UTC"}}; {"name": "get_weather", "parameters": {"city": "Rome", "days": 1}}'
+    p = BareJsonParser({"get_time", "get_weather"}, live=True)
+    per_char = [p.feed(ch) for ch in text] + [p.finish()]
+    flat = [e for evs in per_char for e in evs]
+    assert not any(isinstance(e, Content) for e in flat)
+    first = next(i for i, evs in enumerate(per_char) if evs)
+    assert text[: first + 1] == '{"name": "get_time", "parameters": {'  # the header, before the arguments
+    deltas = [e.entry for e in flat if isinstance(e, Delta)]
+    heads = [d for d in deltas if "id" in d]
+    assert [(h["index"], h["function"]["name"]) for h in heads] == [(0, "get_time"), (1, "get_weather")]
+    joined = {i: "".join(d["function"]["arguments"] for d in deltas if d["index"] == i) for i in (0, 1)}
+    assert joined == {0: '{"zone": "UTC"}', 1: '{"city": "Rome", "days": 1}'}
+    assert len(deltas) > 10
+    calls = [e for e in flat if isinstance(e, Call)]
+    assert [(c.index, c.arguments) for c in calls] == [(0, joined[0]), (1, joined[1])]
+    assert [c.id for c in calls] == [h["id"] for h in heads]
+
+
 def test_hermes_holds_a_possible_tag_but_releases_plain_text_at_once():
     p = TaggedJsonParser({"get_weather"})
     assert p.feed("The answer is 4 <tool") == [Content("The answer is 4 ")]
@@ -548,6 +567,7 @@ def test_llama3_json_calls_through_the_sdk(llama3_daemon):
     deltas = [tc for ch in chunks for c in ch.choices for tc in c.delta.tool_calls or []]
     assert "".join(c.delta.content or "" for ch in chunks for c in ch.choices) == ""
     assert deltas[0].function.name in SCHEMAS
+    assert len(deltas) > 3  # the arguments streamed as they were sampled
     args = json.loads("".join(d.function.arguments or "" for d in deltas))
     assert schema_errors(args, SCHEMAS[deltas[0].function.name]) == []
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
@@ -611,7 +631,15 @@ def test_a_schema_the_grammar_cannot_express_is_a_400(qwen_daemon):
     assert e.value.body["param"] == "tools"
 
 
-@pytest.mark.parametrize("make", [TaggedJsonParser, BareJsonParser, lambda known: TaggedJsonParser(known, live=True)])
+@pytest.mark.parametrize(
+    "make",
+    [
+        TaggedJsonParser,
+        BareJsonParser,
+        lambda known: TaggedJsonParser(known, live=True),
+        lambda known: BareJsonParser(known, live=True),
+    ],
+)
 def test_parsers_never_raise_and_lose_no_text_on_random_markup(make):
     """Random soup of markup fragments, fed in random splits: a parser never raises, and
     when it finds no call, the content is exactly the text (nothing held back or dropped)."""

@@ -12,9 +12,8 @@ When a call streams. Unconstrained (`tool_choice: auto`), a call is emitted whol
 closing markup (or the end of the reply) is seen, its arguments parsed and re-serialised:
 only then is it known to be a call at all, and a stream cannot take back a header it sent.
 Under a grammar (`live=True`: the output is a well-formed call by construction) the Hermes
-parser streams as the model writes: the header (index, id, name) as soon as the name is
-read, then the arguments' text as it grows. Llama 3 calls are a whole reply and always
-come at its end.
+parsers stream as the model writes: the header (index, id, name) as soon as the name is
+read, then the arguments' text as it grows.
 """
 
 from __future__ import annotations
@@ -91,30 +90,10 @@ def _held_prefix(text: str, marker: str) -> int:
     return 0
 
 
-class _Base:
-    def __init__(self, tools: set[str] | None = None, live: bool = False):
-        self.known = tools
-        self.live = live
-        self.calls = 0
-
-    def _call(self, name: str, arguments: str) -> list:
-        """A whole call: the Call, then its stream deltas (header, argument fragments)."""
-        call = Call(self.calls, new_call_id(), name, arguments)
-        self.calls += 1
-        return [call, *(Delta(d) for d in call.deltas())]
-
-
-class PlainParser(_Base):
-    """No tool format (or tool_choice none): everything is content."""
-
-    def feed(self, text: str) -> list:
-        return [Content(text)] if text else []
-
-    def finish(self) -> list:
-        return []
-
-
 _HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"(?:arguments|parameters)"\s*:\s*(?=\S)')
+
+
+_NEXT_CALL = re.compile(r"\s*\}\s*;")  # the end of a call object and the separator of the next
 
 
 @dataclass
@@ -133,6 +112,77 @@ class _Live:
     end: int | None = None  # just after the arguments' closing bracket, once seen
 
 
+class _Base:
+    def __init__(self, tools: set[str] | None = None, live: bool = False):
+        self.known = tools
+        self.live = live
+        self.calls = 0
+        self._live: _Live | None = None
+
+    def _call(self, name: str, arguments: str) -> list:
+        """A whole call: the Call, then its stream deltas (header, argument fragments)."""
+        call = Call(self.calls, new_call_id(), name, arguments)
+        self.calls += 1
+        return [call, *(Delta(d) for d in call.deltas())]
+
+    def _finish_live(self, out: list, buf: str, end: int) -> None:
+        """The streamed call is over: its last argument text, then the Call itself."""
+        live, self._live = self._live, None
+        args_end = live.end if live.end is not None else end
+        if live.sent < args_end:  # the arguments' last text, if the scan stopped short of it
+            out.append(Delta(_args_delta(live.call_index, buf[live.sent : args_end])))
+        out.append(Call(live.call_index, live.id, live.name, buf[live.start : args_end].strip()))
+
+    def _stream_from(self, out: list, buf: str, at: int, limit: int) -> None:
+        """Under a grammar: send the header once the name is read (a call object starting at
+        `at`), then the arguments' text up to `limit`."""
+        if self._live is None:
+            m = _HEAD.match(buf, at)
+            if m is None or m.end() > limit or (self.known is not None and m.group(1) not in self.known):
+                return
+            try:
+                name = json.loads(f'"{m.group(1)}"')
+            except ValueError:  # a bad escape in the name: not a call we can stream
+                return
+            live = _Live(self.calls, new_call_id(), name, m.end(), m.end(), m.end())
+            self.calls += 1
+            self._live = live
+            out.append(Delta(Call(live.call_index, live.id, live.name, "").deltas()[0]))
+        live = self._live
+        while live.end is None and live.scan < limit:
+            ch = buf[live.scan]
+            live.scan += 1
+            if live.in_string:
+                if live.escaped:
+                    live.escaped = False
+                elif ch == "\\":
+                    live.escaped = True
+                elif ch == '"':
+                    live.in_string = False
+            elif ch == '"':
+                live.in_string = True
+            elif ch in "{[":
+                live.depth += 1
+            elif ch in "}]":
+                live.depth -= 1
+                if live.depth == 0:
+                    live.end = live.scan
+        upto = live.end if live.end is not None else live.scan
+        if upto > live.sent:
+            out.append(Delta(_args_delta(live.call_index, buf[live.sent : upto])))
+            live.sent = upto
+
+
+class PlainParser(_Base):
+    """No tool format (or tool_choice none): everything is content."""
+
+    def feed(self, text: str) -> list:
+        return [Content(text)] if text else []
+
+    def finish(self) -> list:
+        return []
+
+
 class TaggedJsonParser(_Base):
     """Qwen2.5 / Hermes: `<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`,
     any number of them, possibly after some content."""
@@ -143,7 +193,6 @@ class TaggedJsonParser(_Base):
         super().__init__(tools, live)
         self._buf = ""
         self._inside = False
-        self._live: _Live | None = None
 
     def feed(self, text: str) -> list:
         self._buf += text
@@ -179,54 +228,13 @@ class TaggedJsonParser(_Base):
         return out
 
     def _end_block(self, out: list, block: str, end: int) -> None:
-        live, self._live = self._live, None
-        if live is None:
+        if self._live is None:
             self._block(out, block)
-            return
-        args_end = live.end if live.end is not None else end
-        if live.sent < args_end:  # the arguments' last text, if the scan stopped short of it
-            out.append(Delta(_args_delta(live.call_index, block[live.sent : args_end])))
-        out.append(Call(live.call_index, live.id, live.name, block[live.start : args_end].strip()))
+        else:
+            self._finish_live(out, block, end)
 
     def _stream(self, out: list, limit: int) -> None:
-        """Under a grammar: send the header once the name is read, then the arguments' text
-        up to `limit` (the buffer's end, or where the closing tag starts)."""
-        buf = self._buf
-        if self._live is None:
-            m = _HEAD.match(buf, len(self.OPEN))
-            if m is None or m.end() > limit or (self.known is not None and m.group(1) not in self.known):
-                return
-            try:
-                name = json.loads(f'"{m.group(1)}"')
-            except ValueError:  # a bad escape in the name: not a call we can stream
-                return
-            live = _Live(self.calls, new_call_id(), name, m.end(), m.end(), m.end())
-            self.calls += 1
-            self._live = live
-            out.append(Delta(Call(live.call_index, live.id, live.name, "").deltas()[0]))
-        live = self._live
-        while live.end is None and live.scan < limit:
-            ch = buf[live.scan]
-            live.scan += 1
-            if live.in_string:
-                if live.escaped:
-                    live.escaped = False
-                elif ch == "\\":
-                    live.escaped = True
-                elif ch == '"':
-                    live.in_string = False
-            elif ch == '"':
-                live.in_string = True
-            elif ch in "{[":
-                live.depth += 1
-            elif ch in "}]":
-                live.depth -= 1
-                if live.depth == 0:
-                    live.end = live.scan
-        upto = live.end if live.end is not None else live.scan
-        if upto > live.sent:
-            out.append(Delta(_args_delta(live.call_index, buf[live.sent : upto])))
-            live.sent = upto
+        self._stream_from(out, self._buf, len(self.OPEN), limit)
 
     def _content(self, out: list, text: str) -> None:
         if self.calls and not text.strip():
@@ -259,8 +267,12 @@ class BareJsonParser(_Base):
         super().__init__(tools, live)
         self._buf = ""
         self._mode: str | None = None  # None: undecided; "content" | "call"
+        self._pos = 0  # live: where the next call may start
+        self._between = False  # live: a call's arguments ended; the separator is awaited
 
     def feed(self, text: str) -> list:
+        if self.live:
+            return self._feed_live(text)
         if self._mode == "content":
             return [Content(text)] if text else []
         self._buf += text
@@ -273,7 +285,32 @@ class BareJsonParser(_Base):
             return [Content(text)]
         return []
 
+    def _feed_live(self, text: str) -> list:
+        """Under a grammar the reply is calls only: `{call}` or `{call}; {call}; ...`."""
+        self._buf += text
+        out: list = []
+        while True:
+            if self._between:  # after a call: its closing brace and `;` come before the next
+                m = _NEXT_CALL.match(self._buf, self._pos)
+                if m is None:
+                    return out
+                self._pos, self._between = m.end(), False
+            self._stream_from(out, self._buf, self._pos, len(self._buf))
+            live = self._live
+            if live is None or live.end is None:
+                return out
+            self._pos, self._between = live.end, True
+            self._finish_live(out, self._buf, live.end)
+
     def finish(self) -> list:
+        if self.live and self.calls:
+            out: list = []
+            if self._live is not None:
+                self._finish_live(out, self._buf, len(self._buf))
+            self._buf = ""
+            return out
+        if self.live:
+            self._mode = "call" if self._buf.lstrip().startswith(("{", self.TAG)) else "content"
         text, self._buf = self._buf, ""
         if self._mode != "call":
             return [Content(text)] if text else []
