@@ -11,7 +11,7 @@ malformed call is the model's text, not an error.
 When a call streams. Unconstrained (`tool_choice: auto`), a call is emitted whole once its
 closing markup (or the end of the reply) is seen, its arguments parsed and re-serialised:
 only then is it known to be a call at all, and a stream cannot take back a header it sent.
-Under a grammar (`live=True`: the output is a well-formed call by construction) the Hermes
+Under a grammar (`live=True`: the output is a well-formed call by construction) the
 parsers stream as the model writes: the header (index, id, name) as soon as the name is
 read, then the arguments' text as it grows.
 """
