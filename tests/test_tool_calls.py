@@ -194,6 +194,15 @@ def test_llama3_json_under_a_grammar_streams_each_call_as_it_is_written():
     assert [c.id for c in calls] == [h["id"] for h in heads]
 
 
+def test_without_parallel_calls_only_the_first_call_is_passed_on():
+    for step in (None, 2):
+        events = run(TaggedJsonParser({"get_weather", "get_time"}, max_calls=1), HERMES_TWO, step)
+        assert calls_of(events) == [("get_weather", {"city": "Paris", "days": 2})]
+        assert content_of(events) == "Let me check.\n"
+    auto = make_plan(parallel_tool_calls=False).parser()
+    assert auto.max_calls == 1 and make_plan().parser().max_calls is None
+
+
 def test_hermes_holds_a_possible_tag_but_releases_plain_text_at_once():
     p = TaggedJsonParser({"get_weather"})
     assert p.feed("The answer is 4 <tool") == [Content("The answer is 4 ")]

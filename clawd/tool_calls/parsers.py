@@ -113,14 +113,19 @@ class _Live:
 
 
 class _Base:
-    def __init__(self, tools: set[str] | None = None, live: bool = False):
+    def __init__(self, tools: set[str] | None = None, live: bool = False, max_calls: int | None = None):
         self.known = tools
         self.live = live
+        # parallel_tool_calls false: a call after the first is not passed on (it stays in the
+        # logged raw text); under a grammar the grammar itself allows one call only.
+        self.max_calls = max_calls
         self.calls = 0
         self._live: _Live | None = None
 
     def _call(self, name: str, arguments: str) -> list:
         """A whole call: the Call, then its stream deltas (header, argument fragments)."""
+        if self.max_calls is not None and self.calls >= self.max_calls:
+            return []
         call = Call(self.calls, new_call_id(), name, arguments)
         self.calls += 1
         return [call, *(Delta(d) for d in call.deltas())]
@@ -189,8 +194,8 @@ class TaggedJsonParser(_Base):
 
     OPEN, CLOSE = "<tool_call>", "</tool_call>"
 
-    def __init__(self, tools: set[str] | None = None, live: bool = False):
-        super().__init__(tools, live)
+    def __init__(self, tools: set[str] | None = None, live: bool = False, max_calls: int | None = None):
+        super().__init__(tools, live, max_calls)
         self._buf = ""
         self._inside = False
 
@@ -263,8 +268,8 @@ class BareJsonParser(_Base):
 
     TAG = "<|python_tag|>"
 
-    def __init__(self, tools: set[str] | None = None, live: bool = False):
-        super().__init__(tools, live)
+    def __init__(self, tools: set[str] | None = None, live: bool = False, max_calls: int | None = None):
+        super().__init__(tools, live, max_calls)
         self._buf = ""
         self._mode: str | None = None  # None: undecided; "content" | "call"
         self._pos = 0  # live: where the next call may start

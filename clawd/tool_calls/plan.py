@@ -30,12 +30,15 @@ class ToolPlan:
     tools: dict[str, dict] = field(default_factory=dict)  # name -> parameters schema
     grammar: str | None = None  # GBNF the reply must match, or None
     choice: str = "auto"  # none | auto | required | named
+    parallel: bool = True  # parallel_tool_calls
 
     def parser(self):
         if self.format is None:
             return PlainParser()
         # A forced call is well-formed by its grammar, so it may stream as it is written.
-        return self.format.parser(set(self.tools), live=self.choice in ("required", "named"))
+        return self.format.parser(
+            set(self.tools), live=self.choice in ("required", "named"), max_calls=None if self.parallel else 1
+        )
 
 
 def _tools(raw: list | None) -> dict[str, dict]:
@@ -115,7 +118,7 @@ def plan(
     elif schema is not None:
         grammar = _convert(to_gbnf, schema, "response_format")
     parse = fmt if (tools and kind != "none") else None
-    return ToolPlan(parse, tools, grammar, kind)
+    return ToolPlan(parse, tools, grammar, kind, parallel_tool_calls is not False)
 
 
 def _response_schema(rf: dict | None) -> dict | None:
