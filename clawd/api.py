@@ -273,6 +273,11 @@ async def chat_completions(req: ChatCompletionRequest, request: Request, state: 
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         return _streaming(ts, _sse(ts, include_usage, bool(req.logprobs)))
     pieces = await _finish(ts, request)
+    calls = [c.openai() for p in pieces for c in p.calls]
+    content = "".join(p.text for p in pieces)
+    message = {"role": "assistant", "content": content or (None if calls else "")}
+    if calls:
+        message["tool_calls"] = calls
     body = {
         "id": ts.id,
         "object": "chat.completion",
@@ -281,7 +286,7 @@ async def chat_completions(req: ChatCompletionRequest, request: Request, state: 
         "choices": [
             {
                 "index": 0,
-                "message": {"role": "assistant", "content": "".join(p.text for p in pieces)},
+                "message": message,
                 "logprobs": chat_logprobs(_tokens(pieces)) if req.logprobs else None,
                 "finish_reason": _openai_finish(ts.finish_reason),
             }
@@ -356,14 +361,21 @@ async def _finish(ts: TurnStream, request: Request) -> list[Piece]:
 
 @openai.get("/v1/models", response_model=ModelList)
 async def models(state: State):
-    return ModelList(data=[ModelCard(id=state.model.model_id, created=state.created)])
+    return ModelList(data=[_model_card(state)])
 
 
 @openai.get("/v1/models/{model_id:path}", response_model=ModelCard)
 async def model(model_id: str, state: State):
     if model_id != state.model.model_id:
         raise ModelNotFound(model_id)
-    return ModelCard(id=model_id, created=state.created)
+    return _model_card(state)
+
+
+def _model_card(state: ApiState) -> ModelCard:
+    fmt = state.model.tool_format
+    return ModelCard(
+        id=state.model.model_id, created=state.created, tool_calls=fmt is not None, tool_format=fmt and fmt.name
+    )
 
 
 # ---- the daemon -----------------------------------------------------------------------------
@@ -638,6 +650,7 @@ def _summary(r: turns.TurnRecord) -> TurnSummary:
         adapter_id=r.adapter_id,
         requery_of=r.requery_of,
         timings=r.timings,
+        tool_calls=r.tool_calls,
     )
 
 
@@ -686,7 +699,13 @@ async def _sse(ts: TurnStream, include_usage: bool, logprobs: bool):
     try:
         yield chunk({"role": "assistant", "content": ""})
         async for piece in ts:
-            yield chunk({"content": piece.text}, piece=piece)
+            lp_piece = piece  # a piece's log-probs go out once, with its first chunk
+            if piece.text or not piece.deltas:
+                yield chunk({"content": piece.text}, piece=lp_piece)
+                lp_piece = None
+            for delta in piece.deltas:
+                yield chunk({"tool_calls": [delta]}, piece=lp_piece)
+                lp_piece = None
         if ts.error:
             yield _event(ts.error.to_openai())
         else:

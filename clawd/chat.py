@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import codecs
 import contextlib
+import dataclasses
 import hashlib
 import logging
 import threading
@@ -37,6 +38,8 @@ from clawd.served import ServedModel
 from clawd.stops import StopMatcher
 from clawd.store import turns
 from clawd.store.db import Database
+from clawd.tool_calls import plan as tool_plan
+from clawd.tool_calls.parsers import Call, Content, Delta, PlainParser
 
 log = logging.getLogger(__name__)
 _END = object()
@@ -53,6 +56,8 @@ class Piece:
 
     text: str
     tokens: tuple[SampledToken, ...] = ()
+    calls: tuple[Call, ...] = ()  # tool calls completed with this piece (tool_calls/parsers.py)
+    deltas: tuple[dict, ...] = ()  # their stream form: `delta.tool_calls` entries, in order
 
 
 @dataclass
@@ -99,11 +104,12 @@ class _TurnLog:
     who: sessions.Attribution
     request: dict
     request_hash: str
-    continuation: Callable[[str], str]  # the reply's text -> the turn's continuation_hash
+    continuation: Callable[[str, list[dict]], str]  # the reply's content and calls -> continuation_hash
     prompt_text: str
     chat_format: str
     stops: list[str]  # the request's own stop strings, as logged in `sampling`
     title: str | None
+    parser: Callable[[], object] = PlainParser  # makes the reply's tool-call parser
 
 
 class ChatService:
@@ -129,6 +135,16 @@ class ChatService:
         if req.top_logprobs and not req.logprobs:
             raise InvalidRequest("top_logprobs needs logprobs: true (as with OpenAI).", param="top_logprobs")
         top = self._top_logprobs((req.top_logprobs or 0) if req.logprobs else 0, "top_logprobs")
+        engine = model.engine
+        tools = tool_plan.plan(
+            tools_raw=req.tools,
+            tool_choice=req.tool_choice,
+            parallel_tool_calls=req.parallel_tool_calls,
+            response_format=req.response_format,
+            fmt=model.tool_format,
+            to_gbnf=engine.grammar_from_schema if engine.supports_grammar else None,
+            engine=engine.name,
+        )
         n_ctx = model.info.n_ctx
         _refuse_far_too_long(sum(len(m.text()) for m in req.messages), n_ctx, "messages")
         rendered, prompt_ids = await asyncio.to_thread(model.prompt, req.messages, req.tools)
@@ -139,6 +155,7 @@ class ChatService:
         )
         who = await sessions.attribute(self.db, req, headers)
         params = self._params(req.max_completion_tokens or req.max_tokens, req.temperature, req.top_p, req.seed, top)
+        params = dataclasses.replace(params, grammar=tools.grammar)
         turn_log = _TurnLog(
             who=who,
             request={
@@ -146,11 +163,12 @@ class ChatService:
                 **({"tools": req.tools} if req.tools else {}),
             },
             request_hash=sessions.messages_hash(req.messages),
-            continuation=lambda text: sessions.continuation_hash(req.messages, text),
+            continuation=lambda text, calls: sessions.continuation_hash(req.messages, text, calls),
             prompt_text=rendered.prompt,
             chat_format=model.format.name,
             stops=req.stop_list(),
             title=_title(req),
+            parser=tools.parser,
         )
         # A chat reply is shown without the whitespace a model opens with (" The" after
         # "Assistant:"), as chat UIs expect; the stored token ids stay exactly as sampled.
@@ -198,7 +216,7 @@ class ChatService:
             who=who,
             request={"prompt": prompt},
             request_hash=_raw_hash(prompt),
-            continuation=lambda text: _raw_hash(prompt + text),
+            continuation=lambda text, _calls: _raw_hash(prompt + text),
             prompt_text=prompt,
             chat_format=RAW_FORMAT,
             stops=req.stop_list(),
@@ -269,7 +287,10 @@ class _TurnJob:
         adapter = model.active_adapter
         ids: list[int] = []
         logprobs: list[float] = []
-        text: list[str] = []
+        text: list[str] = []  # the model's own text (tool markup included), as logged
+        content: list[str] = []  # what the client is shown as content
+        calls: list[Call] = []
+        parser = self.turn_log.parser()
         pending: list[SampledToken] = []  # sampled, their text not released yet
         leading = self.strip_leading  # still stripping: no visible character released yet
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
@@ -284,9 +305,17 @@ class _TurnJob:
             if leading:
                 piece = piece.lstrip()  # a first piece of only whitespace releases nothing
                 leading = not piece
-            if piece or (last and pending):
-                text.append(piece)
-                ts._queue.put_nowait(Piece(piece, tuple(pending)))
+            text.append(piece)
+            # Tool markup is held by the parser until it is known to be a call or text;
+            # the tokens behind held text go out with the next piece that is released.
+            events = (parser.feed(piece) if piece else []) + (parser.finish() if last else [])
+            shown = "".join(e.text for e in events if isinstance(e, Content))
+            done = tuple(e for e in events if isinstance(e, Call))
+            deltas = tuple(e.entry for e in events if isinstance(e, Delta))
+            if shown or done or deltas or (last and pending):
+                content.append(shown)
+                calls.extend(done)
+                ts._queue.put_nowait(Piece(shown, tuple(pending), done, deltas))
                 pending.clear()
 
         try:
@@ -318,6 +347,8 @@ class _TurnJob:
             log.exception("generation failed")
             ts.error, finish = EngineError(f"generation failed: {e}"), "error"
         finally:
+            if calls and finish == "stop":
+                finish = "tool_calls"
             ts.finish_reason = finish
             ts.completion_tokens = len(ids)
         t_end = time.perf_counter()
@@ -329,6 +360,8 @@ class _TurnJob:
                 ids,
                 logprobs,
                 "".join(text),
+                "".join(content),
+                [c.openai() for c in calls],
                 finish,
                 adapter,
                 {
@@ -341,11 +374,13 @@ class _TurnJob:
             # Only now may the reader finish: the row is committed (or the error says why not).
             ts._queue.put_nowait(_END)
 
-    async def _record(self, ids, logprobs, response_text, finish, adapter, timings) -> None:
+    async def _record(self, ids, logprobs, response_text, content, calls, finish, adapter, timings) -> None:
         svc, ts, tl = self.svc, self.ts, self.turn_log
         who = tl.who
         # Hashing and packing a long prompt take a while: on a worker thread, like its tokenizing.
-        rec = await asyncio.to_thread(self._turn_record, ids, logprobs, response_text, finish, adapter, timings)
+        rec = await asyncio.to_thread(
+            self._turn_record, ids, logprobs, response_text, content, calls, finish, adapter, timings
+        )
         try:
             await turns.insert_turn(svc.db, rec, source=who.source, title=tl.title)
         except ClawdError as e:  # the disk (full, read-only): the store has made the daemon degraded
@@ -363,7 +398,7 @@ class _TurnJob:
             log.exception("could not mark session %s done", who.session_id)
         svc.on_turn()
 
-    def _turn_record(self, ids, logprobs, response_text, finish, adapter, timings) -> turns.TurnRecord:
+    def _turn_record(self, ids, logprobs, response_text, content, calls, finish, adapter, timings) -> turns.TurnRecord:
         svc, tl = self.svc, self.turn_log
         who = tl.who
         return turns.TurnRecord(
@@ -372,12 +407,13 @@ class _TurnJob:
             turn_type=who.turn_type,
             request=tl.request,
             request_hash=tl.request_hash,
-            continuation_hash=tl.continuation(response_text),
+            continuation_hash=tl.continuation(content, calls),
             prompt_text=tl.prompt_text,
             prompt_ids=self.prompt_ids,
             response_ids=ids,
             response_logprobs=logprobs,
-            response_text=response_text,  # the text the client was shown
+            response_text=response_text,  # the model's text, tool-call markup included
+            tool_calls=calls,  # the calls parsed out of it, as the client got them
             finish_reason=finish,
             sampling={
                 "max_tokens": self.params.max_tokens,
@@ -385,6 +421,7 @@ class _TurnJob:
                 "top_p": self.params.top_p,
                 "seed": self.params.seed,
                 "stop": tl.stops,
+                **({"grammar": self.params.grammar} if self.params.grammar else {}),
             },
             engine=svc.model.engine.name,
             model=svc.model.model_id,

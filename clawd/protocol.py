@@ -108,6 +108,7 @@ class ChatCompletionRequest(BaseModel):
     n: int = Field(1, ge=1, le=1, description="only 1 is supported")
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None  # None: as OpenAI, several calls may come
     response_format: dict[str, Any] | None = None
     # The sampled tokens' log-probs (choices[].logprobs.content) and, per token, this many
     # most likely alternatives; top_logprobs needs logprobs: true, as with OpenAI.
@@ -172,6 +173,10 @@ class ModelCard(BaseModel):
     object: Literal["model"] = "model"
     created: int
     owned_by: str = "clawd"
+    # clawd's own: whether the served model's replies are parsed into `tool_calls`, and in
+    # which family's syntax (tool_calls/formats.py); None: its chat template defines none.
+    tool_calls: bool = False
+    tool_format: str | None = None
 
 
 class ModelList(BaseModel):
@@ -226,6 +231,7 @@ class TurnSummary(BaseModel):
     adapter_id: str | None
     requery_of: str | None
     timings: dict[str, Any]
+    tool_calls: list[dict[str, Any]] = []  # the calls parsed from response_text (its raw text)
 
 
 class SessionSummary(BaseModel):

@@ -24,6 +24,7 @@ from clawd.engines.runner import EngineRunner
 from clawd.errors import ContextLengthExceeded, InvalidRequest
 from clawd.protocol import Message
 from clawd.stops import StopMatcher
+from clawd.tool_calls import formats as tool_formats
 
 # METHOD §3: the teacher sees the turn's own request with the hint appended to its last user
 # message under this marker; the miner, the trainer's job and the dataset export all use it.
@@ -74,6 +75,14 @@ class ServedModel:
     @property
     def model_id(self) -> str:
         return self.runner.engine.info.id
+
+    @property
+    def tool_format(self) -> tool_formats.ToolFormat | None:
+        """The call syntax the model's chat template teaches it; None when it has none (or
+        is not served with its template: clawd's transcript format has no tool syntax)."""
+        if self.format.name != "template":
+            return None
+        return tool_formats.detect(self.info.chat_template)
 
     def prompt(self, messages: list[Message], tools: list | None = None) -> Prompt:
         """The chat template's rendering of `messages` and its token ids."""

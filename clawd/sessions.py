@@ -52,9 +52,10 @@ def messages_hash(messages: list[Message]) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
-def continuation_hash(messages: list[Message], response_text: str) -> str:
-    """The hash a follow-up request's prefix will have if it continues this turn."""
-    return messages_hash([*messages, Message(role="assistant", content=response_text)])
+def continuation_hash(messages: list[Message], response_text: str, tool_calls: list[dict] | None = None) -> str:
+    """The hash a follow-up request's prefix will have if it continues this turn (a turn
+    that called tools comes back as its content plus those calls, as the client got them)."""
+    return messages_hash([*messages, Message(role="assistant", content=response_text, tool_calls=tool_calls or None)])
 
 
 def check_session_id(value: str, param: str = "session_id") -> str:

@@ -26,6 +26,7 @@ throughout, so its gaps are far inside these tolerances (score vs generate ~2e-6
 
 from __future__ import annotations
 
+import json
 import math
 import threading
 
@@ -34,6 +35,7 @@ import pytest
 
 from clawd.engines.base import SampledToken, SamplingParams, ScoreResult
 from clawd.errors import AdapterError, ContextLengthExceeded
+from clawd.tool_calls.schema_check import schema_errors
 from tests.tiny_models import build_tiny_gguf
 
 N_CTX = 256
@@ -453,3 +455,38 @@ def test_prefix_cache_never_contaminates(make_engine):
     res = used.score(b, cont)
     want = np.array([t.logprob for t in want_greedy], dtype=np.float32 if _exact(used) else np.float64)
     np.testing.assert_allclose(res.logprobs, want, atol=0 if _exact(used) else GEN_VS_SCORE_ATOL, rtol=0)
+
+
+# ---- constrained output ----------------------------------------------------------------------
+
+# Engines that generate under a GBNF grammar. The others say so (supports_grammar False), and
+# the API refuses forced tool calls and JSON response formats on them with a 400
+# (tests/test_tool_calls.py): mlx-lm has no grammar sampler, and the `openai` upstream engine
+# does not pass grammars on to its server.
+GRAMMAR_ENGINES = {"llamacpp"}
+SCHEMA = {
+    "type": "object",
+    "properties": {"n": {"type": "integer"}, "unit": {"enum": ["kg", "lb"]}, "ok": {"type": "boolean"}},
+    "required": ["n", "unit", "ok"],
+}
+
+
+def test_grammar_is_honoured_or_refused(engine):
+    if engine.name not in GRAMMAR_ENGINES:
+        assert not engine.supports_grammar
+        with pytest.raises(NotImplementedError):
+            engine.grammar_from_schema(SCHEMA)
+        return
+    assert engine.supports_grammar
+    grammar = engine.grammar_from_schema(SCHEMA)
+    prompt = _prompt(engine)
+    # A random-weight model writes schema-valid JSON only under the grammar; greedy too.
+    for temperature, seed in ((1.0, 1), (1.0, 2), (0.0, None)):
+        params = SamplingParams(max_tokens=120, temperature=temperature, seed=seed, grammar=grammar)
+        toks = list(engine.generate(prompt, params))
+        assert toks[-1].is_end, "the grammar ends the reply: only an end token may follow it"
+        value = json.loads(b"".join(t.piece for t in toks).decode())
+        assert schema_errors(value, SCHEMA) == []
+        # The reported log-probs are the model's own, unconstrained ones: a re-score agrees.
+        res = engine.score(prompt, _ids(toks))
+        np.testing.assert_allclose(res.logprobs, [t.logprob for t in toks], atol=GEN_VS_SCORE_ATOL)

@@ -124,8 +124,18 @@ async def test_upgrade_applies_only_new_migrations(tmp_path, monkeypatch):
     path = tmp_path / "clawd.db"
     released = migrations.MIGRATIONS
     monkeypatch.setattr(migrations, "MIGRATIONS", released[:1])
+    # The first release's turn row: the columns of m001 only (later migrations add some).
+    from clawd.store import turns as turn_rows
+
+    columns = turn_rows._COLUMNS
+    first = tuple(c for c in columns if c != "tool_calls_json")
+    monkeypatch.setattr(turn_rows, "_COLUMNS", first)
+    monkeypatch.setattr(
+        turn_rows, "_INSERT", f"INSERT INTO turns ({', '.join(first)}) VALUES ({', '.join('?' * len(first))})"
+    )
     async with await Database.open(path) as db:
         await insert_turn(db, make_turn(7))
+    monkeypatch.setattr(turn_rows, "_COLUMNS", columns)
     monkeypatch.setattr(migrations, "MIGRATIONS", released)
     async with aiosqlite.connect(path, isolation_level=None) as conn:
         assert await migrate(conn) == [fn.__name__ for fn in released[1:]]

@@ -28,6 +28,10 @@ class SamplingParams:
     # Also report this many most likely tokens per step (SampledToken.top), for a client's
     # `top_logprobs`; at most Engine.max_top_logprobs.
     top_logprobs: int = 0
+    # A GBNF grammar (root rule `root`) every sampled token must keep the reply inside, or
+    # None. Only engines with supports_grammar honour it; the API refuses it for the others.
+    # The reported log-probs stay the model's own (unconstrained), as the trainer rescores.
+    grammar: str | None = None
 
 
 @dataclass(frozen=True)
@@ -104,6 +108,9 @@ class Engine(abc.ABC):
     # The most SamplingParams.top_logprobs generate() can honour; 0: it cannot report the
     # alternatives to a sampled token at all (the API then refuses `top_logprobs`).
     max_top_logprobs: int = 0
+    # Whether generate() honours SamplingParams.grammar (and grammar_from_schema works): a
+    # forced tool call or a JSON response_format needs it, and is a 400 on other engines.
+    supports_grammar: bool = False
 
     @property
     @abc.abstractmethod
@@ -186,6 +193,13 @@ class Engine(abc.ABC):
             AdapterError: `adapter` is not loaded.
             Preempted: `cancel` was set.
         """
+
+    def grammar_from_schema(self, schema: dict) -> str:
+        """A GBNF grammar (root rule `root`) for JSON matching `schema`. Pure: it touches no
+        model state, so it may run on any thread.
+
+        Raises: ValueError (or another plain error) for a schema it cannot express."""
+        raise NotImplementedError(f"the {self.name} engine has no grammars")
 
     @abc.abstractmethod
     def load_adapter(self, adapter_id: str, path: Path) -> None:

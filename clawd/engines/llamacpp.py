@@ -9,6 +9,7 @@ switched per call with `llama_set_adapters_lora` without reloading the model.
 from __future__ import annotations
 
 import ctypes
+import json
 import logging
 import os
 import re
@@ -102,6 +103,7 @@ def vocab_piece(lc, vocab, tok: int, buf, *, special: bool) -> bytes:
 class Engine(base.Engine):
     name = "llamacpp"
     max_top_logprobs = 20
+    supports_grammar = True
 
     def __init__(
         self,
@@ -377,9 +379,24 @@ class Engine(base.Engine):
 
     # ---- generation --------------------------------------------------------------------
 
+    def grammar_from_schema(self, schema: dict) -> str:
+        from llama_cpp.llama_grammar import json_schema_to_gbnf
+
+        return json_schema_to_gbnf(json.dumps(schema))
+
     def _sampler(self, params: base.SamplingParams):
         lc = self._lc
         chain = lc.llama_sampler_chain_init(lc.llama_sampler_chain_default_params())
+        if params.grammar is not None:
+            # First in the chain: what the grammar forbids is gone before top-k / top-p pick.
+            grammar = lc.llama_sampler_init_grammar(self._vocab, params.grammar.encode(), b"root")
+            if not grammar:
+                lc.llama_sampler_free(chain)
+                raise EngineError("llama.cpp could not parse the output grammar")
+            lc.llama_sampler_chain_add(chain, grammar)
+            if params.temperature <= 0:
+                lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_greedy())
+                return chain
         if self._top_k > 0:
             lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_top_k(self._top_k))
         if params.top_p < 1.0:
@@ -409,7 +426,8 @@ class Engine(base.Engine):
         lc = self._lc
         if not self._prefill(prompt_ids, cancel):
             return
-        greedy = params.temperature <= 0
+        # Greedy without a grammar needs no sampler (see below); a grammar always needs one.
+        greedy = params.temperature <= 0 and params.grammar is None
         sampler = None if greedy else self._sampler(params)
         scratch = np.empty(self._n_vocab, np.float32)
         try:

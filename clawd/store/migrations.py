@@ -173,11 +173,18 @@ def m003_adapters(conn: sqlite3.Connection) -> None:
     conn.execute("CREATE UNIQUE INDEX adapters_one_active ON adapters(status) WHERE status = 'active'")
 
 
+def m004_turn_tool_calls(conn: sqlite3.Connection) -> None:
+    # The tool calls parsed out of a turn's reply ([{id, type, function: {name, arguments}}],
+    # as the client got them); the reply's raw text stays in response_text. NULL: no calls.
+    conn.execute("ALTER TABLE turns ADD COLUMN tool_calls_json TEXT")
+
+
 # Append only. The number in each name is its id and must equal its 1-based position.
 MIGRATIONS: list[Migration] = [
     m001_initial,
     m002_feedback_and_signals,
     m003_adapters,
+    m004_turn_tool_calls,
 ]
 
 _NAME = re.compile(r"^m(\d{3})_\w+$")

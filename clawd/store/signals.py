@@ -105,7 +105,7 @@ async def create_missing(db: Database) -> int:
             "INSERT INTO signals (turn_id, session_id, status, created_at, updated_at)"
             " SELECT t.id, t.session_id, 'waiting', ?, ? FROM turns t"
             " LEFT JOIN signals s ON s.turn_id = t.id"
-            " WHERE s.turn_id IS NULL AND t.turn_type = 'main' AND (t.finish_reason IN ('stop', 'length')"
+            " WHERE s.turn_id IS NULL AND t.turn_type = 'main' AND (t.finish_reason IN ('stop', 'length', 'tool_calls')"
             " OR (t.finish_reason = 'cancelled' AND EXISTS (SELECT 1 FROM feedback f WHERE f.turn_id = t.id)))",
             (now, now),
         )

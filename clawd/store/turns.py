@@ -53,6 +53,7 @@ class TurnRecord:
     requery_of: str | None = None  # the turn this one regenerates, if any
     client: str | None = None
     created_at: float = field(default_factory=time.time)
+    tool_calls: list[dict] = field(default_factory=list)  # parsed from response_text; [] = none
 
     def __post_init__(self) -> None:
         # Normalise so a record compares equal to itself after a round trip.
@@ -97,6 +98,7 @@ _COLUMNS = (
     "timings_json",
     "requery_of",
     "client",
+    "tool_calls_json",
 )
 _SELECT = f"SELECT {', '.join(_COLUMNS)} FROM turns"
 _INSERT = f"INSERT INTO turns ({', '.join(_COLUMNS)}) VALUES ({', '.join('?' * len(_COLUMNS))})"
@@ -138,6 +140,7 @@ def _to_row(rec: TurnRecord) -> tuple:
         "timings_json": _dumps(rec.timings),
         "requery_of": rec.requery_of,
         "client": rec.client,
+        "tool_calls_json": _dumps(rec.tool_calls) if rec.tool_calls else None,
     }
     return tuple(values[c] for c in _COLUMNS)
 
@@ -167,6 +170,7 @@ def from_row(r: Any) -> TurnRecord:
         timings=json.loads(r["timings_json"]),
         requery_of=r["requery_of"],
         client=r["client"],
+        tool_calls=json.loads(r["tool_calls_json"] or "[]") if "tool_calls_json" in r.keys() else [],
     )
 
 
