@@ -25,7 +25,7 @@ from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from clawd import __version__, feedback, review, sessions
-from clawd.adapters import Registry
+from clawd.adapters import Registry, mlx_lm_command
 from clawd.chat import ChatService, TurnStream
 from clawd.errors import AuthError, ClawdError, InvalidRequest, ModelNotFound, NotFound
 from clawd.miner import Miner
@@ -436,8 +436,13 @@ async def export_adapter(adapter_id: str, request: Request, state: State):
     if not isinstance(body, dict) or not isinstance(body.get("path"), str):
         raise InvalidRequest("'path' (a string) is required", param="path")
     fmt = body.get("format")
-    fmt, out = await state.need_registry().export(adapter_id, None if fmt is None else str(fmt), body["path"])
-    return {"adapter_id": adapter_id, "format": fmt, "path": str(out)}
+    fmt, out, mlx_model = await state.need_registry().export(
+        adapter_id, None if fmt is None else str(fmt), body["path"]
+    )
+    reply = {"adapter_id": adapter_id, "format": fmt, "path": str(out)}
+    if mlx_model is not None:  # what mlx-lm runs the adapter on, and the command that does
+        reply |= {"mlx_model": str(mlx_model), "command": mlx_lm_command(mlx_model, out)}
+    return reply
 
 
 # ---- training -------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from clawd import __version__
 from clawd.config import Settings, load_settings, settings_to_dict, write_default_config
@@ -242,15 +243,34 @@ def cmd_adapters(args) -> int:
     else:  # export
         if not args.out:
             raise ClawdError("`clawd adapters export` needs --out PATH")
+        if args.format == "mlx":
+            print(
+                "exporting as mlx: on a GGUF base the model is also written, as an mlx-lm folder (a minute or two)",
+                file=sys.stderr,
+            )
         out = _daemon_call(
             args,
             "POST",
             f"/clawd/adapters/{args.adapter_id}/export",
-            timeout=120,
+            # an mlx export of a GGUF-based adapter also writes the whole base model
+            timeout=120 if args.format != "mlx" else 1800,
             json={"format": args.format, "path": str(os.path.abspath(args.out))},
         )
         print(f"exported {out['adapter_id']} as {out['format']} to {out['path']}")
+        if out.get("mlx_model"):
+            print(_mlx_model_line(Path(out["mlx_model"]), Path(out["path"])))
+            print(f"run it with mlx-lm:\n  {out['command']}")
     return 0
+
+
+def _mlx_model_line(model: Path, adapter: Path) -> str:
+    if model.parent != adapter:
+        return f"base model: {model} (the MLX directory clawd serves; nothing copied)"
+    size = sum(f.stat().st_size for f in model.iterdir() if f.is_file())
+    return (
+        f"base model: {model} ({size / 1e9:.2f} GB, bfloat16: the served GGUF dequantized for mlx-lm; "
+        "delete it when you are done)"
+    )
 
 
 def _training_summary(result: dict | None) -> str:
