@@ -1,6 +1,7 @@
-"""`clawd adapters export --format mlx` on a GGUF base: README's two commands, run as written
-there on a really trained adapter, make mlx-lm generate; and mlx-lm's greedy tokens are the
-ones clawd's own MLX model (the trainer's float32 weights + the adapter) picks."""
+"""`clawd adapters export --format mlx` on a GGUF base writes the base as an mlx-lm model folder
+(clawd/training/mlx_model_dir.py): per architecture it is the trainer's model (same token ids,
+logits within bfloat16 rounding); README's two commands, run as written there on a really
+trained adapter, make mlx-lm generate, with the greedy tokens clawd's own MLX model picks."""
 
 from __future__ import annotations
 
@@ -12,16 +13,64 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 mx = pytest.importorskip("mlx.core")
 
 from clawd import cli  # noqa: E402
+from clawd.errors import ModelLoadError  # noqa: E402
 from clawd.store import adapters as adapter_rows  # noqa: E402
 from tests.conftest import ROOT  # noqa: E402
 from tests.test_training_loop import make_ready_signals, training, wait_run  # noqa: E402
+from tests.test_training_weights import random_ids, tiny, tiny_dir  # noqa: E402,F401
 
-pytestmark = pytest.mark.slow  # a real training run, then mlx-lm in a subprocess
+PROBE = "Hello world, the capital of France is Paris. 1234 émoji 🎉"
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "gemma3"])
+def test_a_gguf_written_as_an_mlx_lm_folder_is_the_trainers_model(tiny_dir, tmp_path, arch):
+    """mlx_lm.load reads the folder; its tokenizer gives llama.cpp's ids and its logits are the
+    trainer's float32 model's up to bfloat16 rounding (llama's un-permuted q/k, Gemma's norms
+    and sliding window all carried over: any of them wrong moves logits by whole units)."""
+    from mlx_lm.utils import load
+
+    from clawd.training.mlx_model_dir import write_mlx_model_dir
+    from clawd.training.weights import load_model
+
+    src = tiny(tiny_dir, arch)
+    out = write_mlx_model_dir(src, tmp_path / "base")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["base"]  # built aside, renamed into place
+    model, tok = load(str(out))
+    ours = load_model(src)
+    assert tok.encode(PROBE) == ours.tokenizer.encode(PROBE, add_bos=True)
+    assert set(tok.eos_token_ids) == set(ours.tokenizer.eos_ids)
+
+    ids = mx.array([random_ids(ours.model.args.vocab_size, 150)])  # past gemma3's 64-token window
+    theirs = np.array(nn_log_softmax(model(ids).astype(mx.float32)))[0]
+    want = np.array(nn_log_softmax(ours.model(ids)))[0]
+    err = np.abs(theirs - want)
+    assert err.mean() < 0.05 and err.max() < 0.5, (err.mean(), err.max())
+    assert (theirs.argmax(-1) == want.argmax(-1)).mean() > 0.95
+
+    # written again (a re-export) it replaces the folder whole
+    (out / "stale.txt").write_text("from an older export")
+    write_mlx_model_dir(src, out)
+    assert not (out / "stale.txt").exists() and (out / "model.safetensors").is_file()
+
+
+def nn_log_softmax(logits):
+    return logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+
+
+def test_rope_frequency_factors_are_refused_with_what_to_do_instead():
+    """Llama 3.1+'s per-dimension rope factors have no mlx-lm config clawd writes: a clear
+    refusal, not a folder that loads and silently generates with the wrong positions."""
+    from clawd.training.mlx_model_dir import _config
+
+    meta = {"args": {"model_type": "llama"}, "rope_factors": [1.0, 2.0]}
+    with pytest.raises(ModelLoadError, match="--format peft"):
+        _config("llama", meta, {}, [1], 0)
 
 
 def readme_mlx_commands() -> tuple[str, str]:
@@ -45,6 +94,7 @@ def greedy(model, ids: list[int], n: int) -> list[int]:
     return ids[-n:]
 
 
+@pytest.mark.slow  # a real training run, then mlx-lm in a subprocess
 def test_readme_mlx_lm_command_runs_an_exported_adapter_of_a_gguf_base(train_daemon, tmp_path, monkeypatch, capsys):
     from mlx_lm.utils import load
 
