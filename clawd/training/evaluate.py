@@ -85,15 +85,32 @@ def advantages(top_old: np.ndarray, top_teacher: np.ndarray, delta_clip: float) 
 
 
 def direction(
-    lm, samples: list[Sample], active: dict, candidate: dict, k: int, delta_clip: float, teacher: str = "base"
+    lm,
+    samples: list[Sample],
+    active: dict,
+    candidate: dict,
+    k: int,
+    delta_clip: float,
+    teacher: str = "base",
+    prepared: list[dict] | None = None,
 ) -> dict:
-    """Mean signalled-direction gain of the candidate over the active adapter."""
+    """Mean signalled-direction gain of the candidate over the active adapter.
+
+    `prepared`: run.prepare's views of these very samples (ids, π_old = the active adapter's
+    log-probs, the teacher's), when the gate judges on the training signals. They are exactly
+    what this would recompute under `active`, and recomputing them was 3 of the 4 forward
+    passes per sample: most of the gate's time in the first hour, when nothing is held out."""
     gains = []
-    for s in samples:
-        set_lora_params(lm.model, active)
-        ids, lp_active = student_view(lm, s, k)
-        top_teacher = teacher_view(lm, s, ids[:, 1:], teacher)
+    if prepared is not None:
         set_lora_params(lm.model, candidate)
+    for i, s in enumerate(samples):
+        if prepared is not None:
+            ids, lp_active, top_teacher = prepared[i]["ids"], prepared[i]["old"], prepared[i]["teacher"]
+        else:
+            set_lora_params(lm.model, active)
+            ids, lp_active = student_view(lm, s, k)
+            top_teacher = teacher_view(lm, s, ids[:, 1:], teacher)
+            set_lora_params(lm.model, candidate)
         t, n_prompt = tokens(s)
         lp_cand = np.array(response_logprobs(lm, t, n_prompt, mx.array(ids)))
         diff = lp_cand - lp_active
