@@ -524,3 +524,26 @@ def test_the_gate_on_training_signals_reuses_what_prepare_computed(lm, tmp_path,
         assert all(np.array_equal(evaluate.lora_params(lm.model)[k], v) for k, v in candidate.items())
     finally:
         evaluate.set_lora_params(lm.model, active)  # the module-scoped model, as other tests expect it
+
+
+@pytest.mark.parametrize("chunk", [3, 64])
+def test_student_view_is_topk_then_response_logprobs_in_one_pass(lm, chunk, monkeypatch):
+    """π_old and its top-k from one body pass are the two-pass definition's numbers, to the
+    bit (training's first ratio is exactly 1 only if they are); the model body runs once."""
+    from clawd.training import evaluate
+    from clawd.training.data import Sample
+
+    rng = np.random.default_rng(12)
+    sample = Sample("t", [int(t) for t in rng.integers(0, 100, 6)], [int(t) for t in rng.integers(0, 100, 10)], 1)
+    ids = mx.array(sample.prompt_ids + sample.response_ids, dtype=mx.int32)
+    top_ids, _ = topk_logprobs(lm, ids, 6, 4, chunk=chunk)
+    want_ids = np.concatenate([np.array(sample.response_ids)[:, None], np.array(top_ids)], axis=1)
+    want_lp = np.array(response_logprobs(lm, ids, 6, mx.array(want_ids), chunk=chunk))
+
+    calls = []
+    hidden = lm.hidden
+    monkeypatch.setattr(lm, "hidden", lambda x: calls.append(1) or hidden(x))
+    got_ids, got_lp = evaluate.student_view(lm, sample, 4, chunk=chunk)
+    assert len(calls) == 1
+    np.testing.assert_array_equal(got_ids, want_ids)
+    np.testing.assert_array_equal(got_lp, want_lp)
