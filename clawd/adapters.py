@@ -17,7 +17,9 @@ import json
 import logging
 import os
 import secrets
+import shlex
 import shutil
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -29,6 +31,17 @@ from clawd.store import signals
 from clawd.store.db import Database
 
 log = logging.getLogger(__name__)
+
+MLX_BASE_DIR = "base"  # an mlx export of a GGUF-based adapter: OUT/ (adapter files) + OUT/base/ (the model)
+MLX_LM_PROMPT = "The capital of France is"
+
+
+def mlx_lm_command(model: Path, adapter: Path) -> str:
+    """The mlx-lm command that runs an exported adapter on its base (README shows the same one)."""
+    return (
+        f"mlx_lm.generate --model {shlex.quote(str(model))} --adapter-path {shlex.quote(str(adapter))} "
+        f'--prompt "{MLX_LM_PROMPT}"'
+    )
 
 
 def live_check(probe: dict, served_delta: np.ndarray) -> tuple[bool, dict]:
@@ -74,11 +87,22 @@ def check_files(path: Path, base_model: Path) -> list[str]:
 
 
 class Registry:
-    def __init__(self, db: Database, model: ServedModel, adapters_dir: Path, base_model: Path):
+    def __init__(
+        self,
+        db: Database,
+        model: ServedModel,
+        adapters_dir: Path,
+        base_model: Path,
+        *,
+        cache_dir: Path | None = None,
+        python: str = sys.executable,
+    ):
         self.db = db
         self.model = model
         self.dir = adapters_dir
         self.base_model = base_model
+        self.cache_dir = cache_dir  # the trainer's dequantized weights: an mlx export reuses them
+        self.python = python
         # Activate, rollback and retire read then write the active row: one at a time, or a
         # promotion racing a user's rollback could record the wrong rollback target.
         self._switching = asyncio.Lock()
@@ -295,11 +319,15 @@ class Registry:
                 shutil.rmtree(self.dir / a, ignore_errors=True)
             return sorted(tainted)
 
-    async def export(self, adapter_id: str, fmt: str | None, out: Path, *, force: bool = False) -> tuple[str, Path]:
+    async def export(
+        self, adapter_id: str, fmt: str | None, out: Path, *, force: bool = False
+    ) -> tuple[str, Path, Path | None]:
         """Copy an adapter out as mlx (mlx-lm dir), gguf (one file) or peft (dir); no format:
         gguf where the adapter has one (a GGUF base), else mlx. An existing `out` is replaced
         only with `force` (else Conflict). Written beside `out` first, then renamed into
-        place, so a failed export leaves nothing under the name. Returns (format, path)."""
+        place, so a failed export leaves nothing under the name. Returns (format, path, mlx_model):
+        for mlx, the model folder mlx-lm runs it on (the served MLX directory itself, or the GGUF
+        base written as one into path/base), else None."""
         rec = await self.get(adapter_id)
         src = Path(rec.path)
         if rec.forgotten or not src.is_dir():
@@ -323,7 +351,34 @@ class Registry:
             raise AdapterError(
                 f"could not export {adapter_id} to {out}: {e.strerror or e}; pick a writable path"
             ) from e
-        return fmt, out
+        mlx_model = None
+        if fmt == "mlx":
+            base = Path(self.base_model)
+            mlx_model = base if base.is_dir() else out / MLX_BASE_DIR
+            if not base.is_dir():
+                await self._write_mlx_base(mlx_model)
+        return fmt, out, mlx_model
+
+    async def _write_mlx_base(self, target: Path) -> None:
+        """The GGUF base as an mlx-lm model folder at `target`, written by a child process
+        (training/mlx_model_dir.py): it holds the whole model in float32 for a moment, which
+        must not land in the daemon's memory, and the event loop keeps serving meanwhile."""
+        argv = [self.python, "-m", "clawd.training.mlx_model_dir", str(self.base_model), str(target)]
+        if self.cache_dir is not None:
+            argv += ["--cache", str(self.cache_dir)]
+        # transformers warns that torch is missing (only its tokenizer converter is used)
+        env = {**os.environ, "TRANSFORMERS_VERBOSITY": "error", "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1"}
+        proc = await asyncio.create_subprocess_exec(
+            *argv, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE, env=env
+        )
+        _, err = await proc.communicate()
+        if proc.returncode != 0:
+            lines = [ln for ln in err.decode("utf-8", "replace").splitlines() if ln.strip()]
+            why = lines[-1] if lines else f"exit status {proc.returncode}"
+            raise AdapterError(
+                f"the adapter files are in {target.parent}, but the base model could not be written "
+                f"as an mlx-lm folder: {why}"
+            )
 
 
 def _write_export(src: Path, fmt: str, out: Path, base_model: str) -> None:

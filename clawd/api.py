@@ -25,7 +25,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from clawd import __version__, feedback, guard, review, sessions
-from clawd.adapters import Registry
+from clawd.adapters import Registry, mlx_lm_command
 from clawd.chat import ChatService, Piece, TurnStream
 from clawd.errors import ClawdError, InvalidRequest, ModelNotFound, NotFound
 from clawd.limits import RESPONSES as LIMIT_RESPONSES
@@ -584,10 +584,13 @@ async def export_adapter(adapter_id: str, req: ExportRequest, state: State):
     else (`clawd adapters export ID --out PATH` copies it on from there)."""
     if not state.exports_dir:
         raise NotFound("exports are not available on this daemon")
-    fmt, out = await state.need_registry().export(
+    fmt, out, mlx_model = await state.need_registry().export(
         adapter_id, req.format, Path(state.exports_dir) / req.name, force=req.force
     )
-    return ExportResult(adapter_id=adapter_id, format=fmt, path=str(out))
+    result = ExportResult(adapter_id=adapter_id, format=fmt, path=str(out))
+    if mlx_model is not None:  # what mlx-lm runs the adapter on, and the command that does
+        result.mlx_model, result.command = str(mlx_model), mlx_lm_command(mlx_model, out)
+    return result
 
 
 # ---- training -------------------------------------------------------------------------------

@@ -254,6 +254,9 @@ def cmd_adapters(args) -> int:
     else:  # export
         out = _export_adapter(args)
         print(f"exported {out['adapter_id']} as {out['format']} to {out['path']}")
+        if out.get("mlx_model"):
+            print(_mlx_model_line(Path(out["mlx_model"]), Path(out["path"])))
+            print(f"run it with mlx-lm:\n  {out['command']}")
     return 0
 
 
@@ -269,11 +272,17 @@ def _export_adapter(args) -> dict:
     if (dest.exists() or dest.is_symlink()) and not args.force:
         raise ClawdError(f"{dest} exists already: pass --force to overwrite it")
     name = f"cli-{secrets.token_hex(8)}"  # a fresh name: never one the user keeps there
+    if args.format == "mlx":
+        print(
+            "exporting as mlx: on a GGUF base the model is also written, as an mlx-lm folder (a minute or two)",
+            file=sys.stderr,
+        )
     out = _daemon_call(
         args,
         "POST",
         f"/clawd/adapters/{args.adapter_id}/export",
-        timeout=120,
+        # an mlx export of a GGUF-based adapter also writes the whole base model
+        timeout=120 if args.format != "mlx" else 1800,
         json={"format": args.format, "name": name},
     )
     src = Path(out["path"])
@@ -291,7 +300,22 @@ def _export_adapter(args) -> dict:
             shutil.rmtree(src, ignore_errors=True)
         elif src.exists():
             src.unlink()
+    if out.get("mlx_model") and Path(out["mlx_model"]).parent == src:  # the base moved along with it
+        from clawd.adapters import mlx_lm_command
+
+        out["mlx_model"] = str(dest / Path(out["mlx_model"]).name)
+        out["command"] = mlx_lm_command(Path(out["mlx_model"]), dest)
     return {**out, "path": str(dest)}
+
+
+def _mlx_model_line(model: Path, adapter: Path) -> str:
+    if model.parent != adapter:
+        return f"base model: {model} (the MLX directory clawd serves; nothing copied)"
+    size = sum(f.stat().st_size for f in model.iterdir() if f.is_file())
+    return (
+        f"base model: {model} ({size / 1e9:.2f} GB, bfloat16: the served GGUF dequantized for mlx-lm; "
+        "delete it when you are done)"
+    )
 
 
 def _training_summary(result: dict | None) -> str:

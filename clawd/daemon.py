@@ -118,7 +118,7 @@ async def build_state(settings: Settings, paths: Paths, engine: Engine, port: in
         training_off = f"the {engine.name} engine has no local weights to train (llamacpp and mlx have)"
     if training_off is None:
         paths.adapters_dir.mkdir(parents=True, exist_ok=True)
-        registry = Registry(db, model, paths.adapters_dir, info.path)
+        registry = Registry(db, model, paths.adapters_dir, info.path, cache_dir=paths.cache_dir)
         await registry.restore()
         scheduler = Scheduler(db, model, registry, settings.training, paths, top_k=settings.mining.top_k)
     return ApiState(

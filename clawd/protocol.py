@@ -372,3 +372,8 @@ class ExportResult(BaseModel):
     adapter_id: str
     format: str
     path: str
+    mlx_model: str | None = Field(
+        None,
+        description="mlx only: the model folder mlx-lm runs the adapter on (the served MLX directory, or path/base)",
+    )
+    command: str | None = Field(None, description="mlx only: the mlx-lm command that runs the exported adapter")

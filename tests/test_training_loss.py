@@ -492,3 +492,58 @@ def test_prepare_scores_the_teacher_it_is_told_to(lm, tmp_path):
         want = teacher_view(lm, sample, preps[teacher]["ids"][:, 1:], teacher)
         np.testing.assert_array_equal(preps[teacher]["teacher"], want)
     assert np.abs(preps["base"]["teacher"] - preps["policy"]["teacher"]).max() > 1e-3
+
+
+def test_the_gate_on_training_signals_reuses_what_prepare_computed(lm, tmp_path, monkeypatch):
+    """With nothing held out the gate judges on the training signals, whose π_old and teacher
+    views prepare() already has under the same (active) weights: reusing them gives the very
+    same verdict without the 3 extra forward passes per sample."""
+    from clawd.training import evaluate
+    from clawd.training.data import Sample
+    from clawd.training.run import prepare
+
+    rng = np.random.default_rng(11)
+    samples = [
+        Sample(f"t{i}", [int(t) for t in rng.integers(0, 100, 5)], [int(t) for t in rng.integers(0, 100, 8)], r, hint)
+        for i, (r, hint) in enumerate([(1, [3, 4, 5, 6, 7, 8]), (-1, None), (0, [9, 10, 11, 12])])
+    ]
+    active = evaluate.lora_params(lm.model)
+    prep = prepare(lm, samples, 4, tmp_path / "prep.npz", lambda i, n: None, "base")
+    candidate = {k: v + 0.02 if k.endswith("lora_b") else v for k, v in active.items()}
+    try:
+        want = evaluate.direction(lm, samples, active, candidate, 4, 2.0, "base")
+        assert want["gain"] != 0.0 and want["n"] == 3
+
+        def recomputed(*a, **kw):
+            raise AssertionError("the gate recomputed a view prepare() already had")
+
+        monkeypatch.setattr(evaluate, "student_view", recomputed)
+        monkeypatch.setattr(evaluate, "teacher_view", recomputed)
+        got = evaluate.direction(lm, samples, active, candidate, 4, 2.0, "base", prepared=prep)
+        assert got == pytest.approx(want, rel=1e-6, abs=1e-9)
+        assert all(np.array_equal(evaluate.lora_params(lm.model)[k], v) for k, v in candidate.items())
+    finally:
+        evaluate.set_lora_params(lm.model, active)  # the module-scoped model, as other tests expect it
+
+
+@pytest.mark.parametrize("chunk", [3, 64])
+def test_student_view_is_topk_then_response_logprobs_in_one_pass(lm, chunk, monkeypatch):
+    """π_old and its top-k from one body pass are the two-pass definition's numbers, to the
+    bit (training's first ratio is exactly 1 only if they are); the model body runs once."""
+    from clawd.training import evaluate
+    from clawd.training.data import Sample
+
+    rng = np.random.default_rng(12)
+    sample = Sample("t", [int(t) for t in rng.integers(0, 100, 6)], [int(t) for t in rng.integers(0, 100, 10)], 1)
+    ids = mx.array(sample.prompt_ids + sample.response_ids, dtype=mx.int32)
+    top_ids, _ = topk_logprobs(lm, ids, 6, 4, chunk=chunk)
+    want_ids = np.concatenate([np.array(sample.response_ids)[:, None], np.array(top_ids)], axis=1)
+    want_lp = np.array(response_logprobs(lm, ids, 6, mx.array(want_ids), chunk=chunk))
+
+    calls = []
+    hidden = lm.hidden
+    monkeypatch.setattr(lm, "hidden", lambda x: calls.append(1) or hidden(x))
+    got_ids, got_lp = evaluate.student_view(lm, sample, 4, chunk=chunk)
+    assert len(calls) == 1
+    np.testing.assert_array_equal(got_ids, want_ids)
+    np.testing.assert_array_equal(got_lp, want_lp)

@@ -172,6 +172,10 @@ def test_a_dir_base_adapter_exports_as_mlx_and_peft_but_not_gguf(train_daemon, t
         assert "\n" not in msg and not (exports / "x.gguf").exists()
         r = c.post(f"/clawd/adapters/{aid}/export", json={"format": "mlx", "name": "mlx"})
         assert r.status_code == 200, r.text
+        # mlx-lm runs it on the served directory itself: nothing copied, and the command says so
+        served_dir = str(d.state.model.runner.engine.info.path)
+        assert r.json()["mlx_model"] == served_dir and not (exports / "mlx" / "base").exists()
+        assert r.json()["command"].startswith(f"mlx_lm.generate --model {served_dir} --adapter-path {exports / 'mlx'}")
         r = c.post(f"/clawd/adapters/{aid}/export", json={"format": "peft", "name": "peft"})
         assert r.status_code == 200, r.text
     for name in ("adapters.safetensors", "adapter_config.json"):
@@ -193,5 +197,6 @@ def test_a_dir_base_adapter_exports_as_mlx_and_peft_but_not_gguf(train_daemon, t
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "no GGUF form" in err, err
     assert cli.main(["adapters", "export", aid, "--out", str(tmp_path / "default")]) == 0  # no GGUF: mlx
-    assert capsys.readouterr().out.startswith(f"exported {aid} as mlx to ")
+    out = capsys.readouterr().out
+    assert out.startswith(f"exported {aid} as mlx to ") and "(the MLX directory clawd serves; nothing copied)" in out
     assert (tmp_path / "default" / "adapters.safetensors").read_bytes() == (src / "adapters.safetensors").read_bytes()

@@ -21,7 +21,7 @@ import numpy as np
 from mlx.utils import tree_flatten, tree_unflatten
 
 from clawd.training.data import Sample
-from clawd.training.loss import response_logprobs, topk_logprobs
+from clawd.training.loss import positions, response_logprobs
 
 
 def lora_modules(model):
@@ -55,14 +55,28 @@ def tokens(s: Sample, teacher: bool = False) -> tuple[mx.array, int]:
     return mx.array(prompt + s.response_ids, dtype=mx.int32), len(prompt)
 
 
-def student_view(lm, s: Sample, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """(ids (n, 1+k), log-probs (n, 1+k)): the sampled token, then the policy's top-k."""
+def student_view(lm, s: Sample, k: int, chunk: int = 64) -> tuple[np.ndarray, np.ndarray]:
+    """(ids (n, 1+k), log-probs (n, 1+k)): the sampled token, then the policy's top-k.
+
+    The same numbers as loss.topk_logprobs then loss.response_logprobs (the same ops on the
+    same logits), but from one pass of the model body and one LM head per chunk instead of
+    two of each: this is π_old for every training sample (run.prepare) and the gate's view
+    of every held-out one."""
     ids, n_prompt = tokens(s)
-    top_ids, _ = topk_logprobs(lm, ids, n_prompt, k)
-    gather = mx.concatenate([mx.array(s.response_ids, dtype=mx.int32)[:, None], top_ids.astype(mx.int32)], axis=1)
-    lp = response_logprobs(lm, ids, n_prompt, gather)
-    mx.eval(lp)
-    return np.array(gather), np.array(lp)
+    h = positions(lm, ids, n_prompt)
+    sampled = mx.array(s.response_ids, dtype=mx.int32)[:, None]
+    out_ids, out_lp = [], []
+    for c in range(0, h.shape[0], chunk):
+        logits = lm.logits(h[c : c + chunk])
+        lse = mx.logsumexp(logits, axis=-1, keepdims=True)
+        top = mx.argpartition(-(logits - lse), kth=k - 1, axis=-1)[:, :k]
+        order = mx.argsort(-mx.take_along_axis(logits - lse, top, axis=-1), axis=-1)
+        gather = mx.concatenate([sampled[c : c + chunk], mx.take_along_axis(top, order, axis=-1).astype(mx.int32)], 1)
+        lp = mx.take_along_axis(logits, gather, axis=-1) - lse
+        mx.eval(gather, lp)  # one chunk of (chunk, V) logits alive at a time
+        out_ids.append(np.array(gather))
+        out_lp.append(np.array(lp))
+    return np.concatenate(out_ids), np.concatenate(out_lp)
 
 
 def teacher_view(lm, s: Sample, top_ids: np.ndarray, teacher: str = "base") -> np.ndarray | None:
@@ -85,15 +99,32 @@ def advantages(top_old: np.ndarray, top_teacher: np.ndarray, delta_clip: float) 
 
 
 def direction(
-    lm, samples: list[Sample], active: dict, candidate: dict, k: int, delta_clip: float, teacher: str = "base"
+    lm,
+    samples: list[Sample],
+    active: dict,
+    candidate: dict,
+    k: int,
+    delta_clip: float,
+    teacher: str = "base",
+    prepared: list[dict] | None = None,
 ) -> dict:
-    """Mean signalled-direction gain of the candidate over the active adapter."""
+    """Mean signalled-direction gain of the candidate over the active adapter.
+
+    `prepared`: run.prepare's views of these very samples (ids, π_old = the active adapter's
+    log-probs, the teacher's), when the gate judges on the training signals. They are exactly
+    what this would recompute under `active`, and recomputing them was 3 of the 4 forward
+    passes per sample: most of the gate's time in the first hour, when nothing is held out."""
     gains = []
-    for s in samples:
-        set_lora_params(lm.model, active)
-        ids, lp_active = student_view(lm, s, k)
-        top_teacher = teacher_view(lm, s, ids[:, 1:], teacher)
+    if prepared is not None:
         set_lora_params(lm.model, candidate)
+    for i, s in enumerate(samples):
+        if prepared is not None:
+            ids, lp_active, top_teacher = prepared[i]["ids"], prepared[i]["old"], prepared[i]["teacher"]
+        else:
+            set_lora_params(lm.model, active)
+            ids, lp_active = student_view(lm, s, k)
+            top_teacher = teacher_view(lm, s, ids[:, 1:], teacher)
+            set_lora_params(lm.model, candidate)
         t, n_prompt = tokens(s)
         lp_cand = np.array(response_logprobs(lm, t, n_prompt, mx.array(ids)))
         diff = lp_cand - lp_active

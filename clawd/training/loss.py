@@ -114,7 +114,7 @@ def hybrid_loss(
     return loss, metrics
 
 
-def _positions(lm, input_ids: mx.array, n_prompt: int) -> mx.array:
+def positions(lm, input_ids: mx.array, n_prompt: int) -> mx.array:
     """Hidden states that predict the response tokens: (n_resp, d).
     Response token j sits at n_prompt + j and is predicted from position n_prompt + j − 1;
     the last input token predicts nothing, so it is not fed (causal: no other state changes)."""
@@ -137,7 +137,7 @@ def response_logprobs(
     `checkpoint=True` each chunk's (chunk, V) logits are recomputed in the backward pass
     instead of kept (peak memory ~one chunk instead of n_resp·V; about one extra LM-head
     matmul per step)."""
-    h = _positions(lm, input_ids, n_prompt)
+    h = positions(lm, input_ids, n_prompt)
     ids = ids.astype(mx.int32)
     if ids.shape[0] != h.shape[0]:
         raise ValueError(f"ids has {ids.shape[0]} rows for {h.shape[0]} response tokens")
@@ -155,7 +155,7 @@ def topk_logprobs(lm, input_ids: mx.array, n_prompt: int, k: int, *, chunk: int 
     """The k most likely tokens at each response position, most likely first:
     (ids (n_resp, k) int32, log-probs (n_resp, k)). No gradient; each chunk is evaluated
     before the next so only one chunk of logits is alive at a time."""
-    h = mx.stop_gradient(_positions(lm, input_ids, n_prompt))
+    h = mx.stop_gradient(positions(lm, input_ids, n_prompt))
     out_ids, out_lp = [], []
     for s in range(0, h.shape[0], chunk):
         logits = lm.logits(h[s : s + chunk])

@@ -350,7 +350,16 @@ def run(job_dir: Path, cache_dir: Path, out_dir: Path, *, stock_blas: bool = Fal
     emit("phase", phase="gate", holdout=len(job.holdout))
     candidate = evaluate.lora_params(lm.model)
     judged_on = "holdout" if job.holdout else "train"  # no held-out signal yet: say so
-    gate = evaluate.direction(lm, job.holdout or job.train, active, candidate, k, weights.delta_clip, cfg.teacher)
+    gate = evaluate.direction(
+        lm,
+        job.holdout or job.train,
+        active,
+        candidate,
+        k,
+        weights.delta_clip,
+        cfg.teacher,
+        prepared=None if job.holdout else prep,  # judged on the training signals: reuse their views
+    )
     if stop.requested:  # direction() leaves the candidate's weights in place
         return stopped(len(plan))
     gate.update(judged_on=judged_on, kl_to_base=evaluate.kl_to_base(lm, job.canary), kl_bound=cfg.kl_bound)

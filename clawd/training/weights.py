@@ -351,6 +351,13 @@ def _read_gguf(path: Path, cache_dir: Path | None) -> tuple[str, dict, dict[str,
     return arch, config, weights
 
 
+def read_gguf_weights(path: Path, cache_dir: Path | None = None) -> tuple[str, dict, dict[str, mx.array]]:
+    """(arch, {"args": mlx-lm ModelArgs dict, "rope_factors": ...}, float32 weights under mlx-lm
+    names) for a GGUF file, from the trainer's cache when there is one: what `load_model` builds
+    on, and what an mlx export writes out as a model folder (training/mlx_model_dir.py)."""
+    return _read_gguf(Path(path), Path(cache_dir) if cache_dir is not None else None)
+
+
 def _build(arch: str, config: dict, weights: dict[str, mx.array], path: Path) -> nn.Module:
     module = importlib.import_module(f"mlx_lm.models.{MODEL_TYPES[arch]}")
     args = dict(config["args"])
