@@ -274,7 +274,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--judge",
         action="append",
         metavar="SPEC",
-        help="a judge to run (repeatable): rules, self, gguf:PATH or openai:URL[#MODEL]; "
+        help="a judge to run (repeatable): rules, self, gguf:PATH, openai:URL[#MODEL], likelihood:self or "
+        "likelihood:gguf:PATH; "
         "default: rules and config.toml's mining.judge",
     )
     p.add_argument("--split", choices=["dev", "heldout", "all"], default="dev", help="corpus split (default dev)")
@@ -320,7 +321,8 @@ async def _run(args, items: list[Item]) -> list[Outcome]:
         return outcomes
     from clawd.daemon import build_judge  # the miner's judge builder; deferred: it loads the server stack
 
-    served = load_served_model(settings, paths) if "self" in llm_specs else None
+    needs_served = any(s.removeprefix("likelihood:") == "self" for s in llm_specs)
+    served = load_served_model(settings, paths) if needs_served else None
     try:
         for spec in llm_specs:
             judge = build_judge(spec, settings, served)
