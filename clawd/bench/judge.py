@@ -155,9 +155,9 @@ def run_rules(items: list[Item]) -> list[Outcome]:
     return out
 
 
-async def run_llm(spec: str, judge, items: list[Item], progress=None) -> list[Outcome]:
+async def run_llm(spec: str, judge, items: list[Item], progress=None, *, hints: bool = True) -> list[Outcome]:
     """`judge` is an LLMJudge from clawd.daemon.build_judge. Like the miner: the hint judge
-    runs only where the verdict is not +1."""
+    runs only where the verdict is not +1 (and not at all with hints=False)."""
     out = []
     for n, item in enumerate(items, 1):
         t0 = time.perf_counter()
@@ -165,9 +165,9 @@ async def run_llm(spec: str, judge, items: list[Item], progress=None) -> list[Ou
         try:
             verdict = await judge.evaluate(item.inp)
             o.score, o.votes = verdict.score, list(verdict.votes)
-            if item.label == -1:
-                hints = await judge.hints(item.inp) if verdict.score != 1 else []
-                o.hint, o.hint_ok = _hint_fields(item, hints)
+            if item.label == -1 and hints:
+                made = await judge.hints(item.inp) if verdict.score != 1 else []
+                o.hint, o.hint_ok = _hint_fields(item, made)
         except (JudgeUnavailable, ContextLengthExceeded) as e:
             o.error = getattr(e, "message", str(e))
         o.seconds = time.perf_counter() - t0
@@ -283,6 +283,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", help="GGUF for the 'self' judge (default: config.toml's model, else the embedded one)")
     p.add_argument("--json", type=Path, metavar="OUT", help="also write figures and every verdict and hint here")
     p.add_argument("--hints", action="store_true", help="print each judge's hint for every correction")
+    p.add_argument("--no-hints", action="store_true", help="skip the LLM hint judge (verdicts only; much faster)")
     return p
 
 
@@ -334,7 +335,7 @@ async def _run(args, items: list[Item]) -> list[Outcome]:
                     print(f"clawd bench judge: {spec}: {n}/{total}", file=sys.stderr, flush=True)
 
             try:
-                llm = await run_llm(spec, judge, items, progress)
+                llm = await run_llm(spec, judge, items, progress, hints=not args.no_hints)
             finally:
                 close = getattr(judge.completer, "aclose", None)
                 if close:
