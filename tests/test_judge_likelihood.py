@@ -92,3 +92,40 @@ def test_likelihood_judge_specs():
         build_judge("likelihood:openai:http://127.0.0.1:9/v1", settings, served)
     with pytest.raises(ConfigError, match="likelihood:self"):
         build_judge("likelihood:rules", settings, served)
+
+
+def test_bench_runs_the_likelihood_judge_on_a_local_gguf(tiny_gguf_2k, tmp_path):
+    """`clawd bench judge` loads --model in-process and runs the judge the daemon would build."""
+    import json
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT, make_env
+
+    out = tmp_path / "judge.json"
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "clawd.cli",
+            "bench",
+            "judge",
+            "--judge",
+            "likelihood:self",
+            "--model",
+            str(tiny_gguf_2k),
+        ]
+        + ["--limit", "3", "--no-hints", "--json", str(out)],
+        cwd=ROOT,
+        env=make_env(tmp_path / "home", CLAWD_MODEL_N_CTX=2048, CLAWD_MODEL_N_THREADS=1),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert p.returncode == 0, p.stderr
+    assert "| likelihood:self | dev | 3 |" in p.stdout and "| rules>likelihood:self | dev | 3 |" in p.stdout
+    outcomes = [o for o in json.loads(out.read_text())["outcomes"] if o["judge"] == "likelihood:self"]
+    # every item either fits the tiny context and gets a verdict, or is reported as too long
+    assert len(outcomes) == 3
+    for o in outcomes:
+        assert (o["score"] in (-1, 0, 1) and o["votes"] == [o["score"]]) or "tokens" in (o["error"] or "")
