@@ -26,14 +26,16 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from clawd import __version__, feedback, review, sessions
 from clawd.adapters import Registry
-from clawd.chat import ChatService, TurnStream
+from clawd.chat import ChatService, Piece, TurnStream
 from clawd.errors import AuthError, ClawdError, InvalidRequest, ModelNotFound, NotFound
+from clawd.logprobs import chat_logprobs, completion_logprobs
 from clawd.miner import Miner
 from clawd.protocol import (
     ActiveAdapter,
     AdapterList,
     AdapterView,
     ChatCompletionRequest,
+    CompletionRequest,
     ModelCard,
     ModelList,
     ScoreRequest,
@@ -175,27 +177,10 @@ async def _crash(_: Request, exc: Exception):
 async def chat_completions(req: ChatCompletionRequest, request: Request, state: State):
     client = request.headers.get("user-agent")
     ts = await state.chat.start(req, request.headers, client=client)
-    headers = {"X-Clawd-Turn-Id": ts.id, "X-Clawd-Session-Id": ts.session_id}
     if req.stream:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        return StreamingResponse(
-            _sse(ts, include_usage),
-            media_type="text/event-stream",
-            headers={**headers, "Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-        )
-    # uvicorn does not cancel a plain handler when its client goes, so watch for that
-    # while the turn runs: a reply nobody will read is cancelled, not generated in full.
-    collect = asyncio.ensure_future(_collect(ts))
-    watch = asyncio.ensure_future(_cancel_on_disconnect(ts, request))
-    try:
-        text = await collect
-        await _recorded(ts)
-    finally:
-        watch.cancel()
-        collect.cancel()  # no-op when finished
-        ts.cancel()  # no-op when finished; stops generation if this request was cancelled
-    if ts.error:
-        raise ts.error
+        return _streaming(ts, _sse(ts, include_usage, bool(req.logprobs)))
+    pieces = await _finish(ts, request)
     body = {
         "id": ts.id,
         "object": "chat.completion",
@@ -204,14 +189,77 @@ async def chat_completions(req: ChatCompletionRequest, request: Request, state: 
         "choices": [
             {
                 "index": 0,
-                "message": {"role": "assistant", "content": text},
-                "logprobs": None,
+                "message": {"role": "assistant", "content": "".join(p.text for p in pieces)},
+                "logprobs": chat_logprobs(_tokens(pieces)) if req.logprobs else None,
                 "finish_reason": _openai_finish(ts.finish_reason),
             }
         ],
         "usage": ts.usage.model_dump(),
     }
-    return JSONResponse(body, headers=headers)
+    return JSONResponse(body, headers=_turn_headers(ts))
+
+
+@openai.post("/v1/completions")
+async def completions(req: CompletionRequest, request: Request, state: State):
+    """The legacy raw-prompt endpoint: no chat template; logged as a side turn, never mined."""
+    ts = await state.chat.start_raw(req, request.headers, client=request.headers.get("user-agent"))
+    prompt_chars = len(_prompt_text(req))
+    if req.stream:
+        include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        return _streaming(ts, _completion_sse(ts, include_usage, req.logprobs is not None, prompt_chars))
+    pieces = await _finish(ts, request)
+    lp = completion_logprobs(_tokens(pieces), prompt_chars)[0] if req.logprobs is not None else None
+    body = {
+        "id": ts.id,
+        "object": "text_completion",
+        "created": ts.created,
+        "model": ts.model,
+        "choices": [
+            {
+                "index": 0,
+                "text": "".join(p.text for p in pieces),
+                "logprobs": lp,
+                "finish_reason": _openai_finish(ts.finish_reason),
+            }
+        ],
+        "usage": ts.usage.model_dump(),
+    }
+    return JSONResponse(body, headers=_turn_headers(ts))
+
+
+def _prompt_text(req: CompletionRequest) -> str:
+    """The prompt text (start_raw has checked its shape)."""
+    return req.prompt if isinstance(req.prompt, str) else req.prompt[0]
+
+
+def _turn_headers(ts: TurnStream) -> dict[str, str]:
+    return {"X-Clawd-Turn-Id": ts.id, "X-Clawd-Session-Id": ts.session_id}
+
+
+def _streaming(ts: TurnStream, events) -> StreamingResponse:
+    return StreamingResponse(
+        events,
+        media_type="text/event-stream",
+        headers={**_turn_headers(ts), "Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+    )
+
+
+async def _finish(ts: TurnStream, request: Request) -> list[Piece]:
+    """The whole reply of a non-streamed turn, once its row is written."""
+    # uvicorn does not cancel a plain handler when its client goes, so watch for that
+    # while the turn runs: a reply nobody will read is cancelled, not generated in full.
+    collect = asyncio.ensure_future(_collect(ts))
+    watch = asyncio.ensure_future(_cancel_on_disconnect(ts, request))
+    try:
+        pieces = await collect
+        await _recorded(ts)
+    finally:
+        watch.cancel()
+        collect.cancel()  # no-op when finished
+        ts.cancel()  # no-op when finished; stops generation if this request was cancelled
+    if ts.error:
+        raise ts.error
+    return pieces
 
 
 @openai.get("/v1/models", response_model=ModelList)
@@ -508,8 +556,12 @@ def _openai_finish(reason: str | None) -> str:
     return reason if reason in ("stop", "length", "tool_calls", "content_filter") else "stop"
 
 
-async def _collect(ts: TurnStream) -> str:
-    return "".join([piece async for piece in ts])
+async def _collect(ts: TurnStream) -> list[Piece]:
+    return [piece async for piece in ts]
+
+
+def _tokens(pieces: list[Piece]) -> list:
+    return [t for p in pieces for t in p.tokens]
 
 
 async def _cancel_on_disconnect(ts: TurnStream, request: Request, poll_s: float = 0.1) -> None:
@@ -530,24 +582,52 @@ def _event(obj) -> str:
     return f"data: {json.dumps(obj, ensure_ascii=False, separators=(',', ':'))}\n\n"
 
 
-async def _sse(ts: TurnStream, include_usage: bool):
+async def _sse(ts: TurnStream, include_usage: bool, logprobs: bool):
     """Server-sent events, one per token piece, flushed as produced."""
     head = {"id": ts.id, "object": "chat.completion.chunk", "created": ts.created, "model": ts.model}
     extra = {"usage": None} if include_usage else {}
 
-    def chunk(delta: dict, finish: str | None = None) -> str:
+    def chunk(delta: dict, finish: str | None = None, piece: Piece | None = None) -> str:
+        lp = chat_logprobs(piece.tokens) if logprobs and piece is not None else None
         return _event(
-            {**head, "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}], **extra}
+            {**head, "choices": [{"index": 0, "delta": delta, "logprobs": lp, "finish_reason": finish}], **extra}
         )
 
     try:
         yield chunk({"role": "assistant", "content": ""})
         async for piece in ts:
-            yield chunk({"content": piece})
+            yield chunk({"content": piece.text}, piece=piece)
         if ts.error:
             yield _event(ts.error.to_openai())
         else:
             yield chunk({}, _openai_finish(ts.finish_reason))
+            if include_usage:
+                yield _event({**head, "choices": [], "usage": ts.usage.model_dump()})
+        await _recorded(ts)
+        yield "data: [DONE]\n\n"
+    finally:
+        ts.cancel()
+
+
+async def _completion_sse(ts: TurnStream, include_usage: bool, logprobs: bool, offset: int):
+    """/v1/completions as server-sent events: `text_completion` objects, one per piece."""
+    head = {"id": ts.id, "object": "text_completion", "created": ts.created, "model": ts.model}
+    extra = {"usage": None} if include_usage else {}
+
+    def chunk(text: str, lp: dict | None, finish: str | None = None) -> str:
+        choice = {"index": 0, "text": text, "logprobs": lp, "finish_reason": finish}
+        return _event({**head, "choices": [choice], **extra})
+
+    try:
+        async for piece in ts:
+            lp = None
+            if logprobs:
+                lp, offset = completion_logprobs(piece.tokens, offset)
+            yield chunk(piece.text, lp)
+        if ts.error:
+            yield _event(ts.error.to_openai())
+        else:
+            yield chunk("", None, _openai_finish(ts.finish_reason))
             if include_usage:
                 yield _event({**head, "choices": [], "usage": ts.usage.model_dump()})
         await _recorded(ts)

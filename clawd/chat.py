@@ -3,6 +3,10 @@
 Generation runs in its own task, apart from the HTTP response that reads it: a client
 that disconnects cancels the generation (within one token step), and the turn row is
 still written by the task, whole, whatever happened to the connection.
+
+Two kinds of turn share that loop: a chat turn (the chat template's prompt; `main` unless the
+client says `side`) and a raw completion (/v1/completions: the client's prompt as it is,
+always logged as a `side` turn so it is never mined, see `start_raw`).
 """
 
 from __future__ import annotations
@@ -10,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import codecs
 import contextlib
+import hashlib
 import logging
 import threading
 import time
@@ -19,9 +24,9 @@ from dataclasses import dataclass, field
 
 from clawd import sessions
 from clawd.config import GenerationSettings
-from clawd.engines.base import SamplingParams
-from clawd.errors import ClawdError, EngineError, ModelNotFound
-from clawd.protocol import ChatCompletionRequest, Usage
+from clawd.engines.base import SampledToken, SamplingParams
+from clawd.errors import ClawdError, ContextLengthExceeded, EngineError, InvalidRequest
+from clawd.protocol import ChatCompletionRequest, CompletionRequest, Message, Usage
 from clawd.served import ServedModel
 from clawd.stops import StopMatcher
 from clawd.store import turns
@@ -29,12 +34,22 @@ from clawd.store.db import Database
 
 log = logging.getLogger(__name__)
 _END = object()
+RAW_FORMAT = "raw"  # the turn row's chat_format for a raw completion: no template was applied
+
+
+@dataclass(frozen=True)
+class Piece:
+    """A stretch of reply text and the sampled tokens that produced it (their log-probs go
+    out with it). The text may be empty: tokens whose text was stripped or cut by a stop."""
+
+    text: str
+    tokens: tuple[SampledToken, ...] = ()
 
 
 @dataclass
 class TurnStream:
-    """A running turn. Iterate it for text pieces; afterwards `finish_reason`,
-    `usage` and `error` say how it ended."""
+    """A running turn. Iterate it for Pieces; afterwards `finish_reason`, `usage` and
+    `error` say how it ended."""
 
     id: str
     created: int
@@ -48,7 +63,7 @@ class TurnStream:
     error: ClawdError | None = None
     recorded: asyncio.Future | None = None
 
-    async def __aiter__(self) -> AsyncIterator[str]:
+    async def __aiter__(self) -> AsyncIterator[Piece]:
         while True:
             item = await self._queue.get()
             if item is _END:
@@ -68,6 +83,20 @@ class TurnStream:
         )
 
 
+@dataclass(frozen=True)
+class _TurnLog:
+    """What a turn's row says besides what generation produced."""
+
+    who: sessions.Attribution
+    request: dict
+    request_hash: str
+    continuation: Callable[[str], str]  # the reply's text -> the turn's continuation_hash
+    prompt_text: str
+    chat_format: str
+    stops: list[str]  # the request's own stop strings, as logged in `sampling`
+    title: str | None
+
+
 class ChatService:
     """Turns: attribute, generate on the served model, stream out, log one row each."""
 
@@ -83,11 +112,14 @@ class ChatService:
     async def start(
         self, req: ChatCompletionRequest, headers: Mapping[str, str], client: str | None = None
     ) -> TurnStream:
-        """Validate, attribute and begin a turn. Raises ClawdError (4xx) before any
-        token is produced, so the caller can still answer with a plain error."""
+        """Validate, attribute and begin a chat turn. Raises ClawdError (4xx) before any
+        token is produced, so the caller can still answer with a plain error. Any model
+        name is served: see ChatCompletionRequest.model."""
         model = self.model
-        if req.model != model.model_id:
-            raise ModelNotFound(req.model)
+        _refuse_non_text(req.messages)
+        if req.top_logprobs and not req.logprobs:
+            raise InvalidRequest("top_logprobs needs logprobs: true (as with OpenAI).", param="top_logprobs")
+        top = self._top_logprobs((req.top_logprobs or 0) if req.logprobs else 0, "top_logprobs")
         rendered, prompt_ids = model.prompt(req.messages, req.tools)
         n_ctx = model.info.n_ctx
         model.check_context(
@@ -96,21 +128,104 @@ class ChatService:
             f"However, your messages resulted in {len(prompt_ids)} tokens. Shorten the messages.",
         )
         who = await sessions.attribute(self.db, req, headers)
+        params = self._params(req.max_completion_tokens or req.max_tokens, req.temperature, req.top_p, req.seed, top)
+        turn_log = _TurnLog(
+            who=who,
+            request={
+                "messages": [m.model_dump(exclude_none=True) for m in req.messages],
+                **({"tools": req.tools} if req.tools else {}),
+            },
+            request_hash=sessions.messages_hash(req.messages),
+            continuation=lambda text: sessions.continuation_hash(req.messages, text),
+            prompt_text=rendered.prompt,
+            chat_format=model.format.name,
+            stops=req.stop_list(),
+            title=_title(req),
+        )
+        # A chat reply is shown without the whitespace a model opens with (" The" after
+        # "Assistant:"), as chat UIs expect; the stored token ids stay exactly as sampled.
+        stops = req.stop_list() + rendered.stops
+        return self._begin("chatcmpl-", prompt_ids, params, stops, turn_log, client, strip_leading=True)
+
+    async def start_raw(
+        self, req: CompletionRequest, headers: Mapping[str, str], client: str | None = None
+    ) -> TurnStream:
+        """Begin a raw completion (/v1/completions): the prompt is tokenized as it is, with
+        no chat template, and continued.
+
+        It is logged, like every turn, but as a `side` turn whatever the client says, so the
+        miner never makes a signal of it (store/signals.py pairs `main` turns only): a raw
+        prompt has no messages, so there is no user whose next message could judge the reply,
+        and no turn to which the teacher's hint could be appended (METHOD §3); and clients
+        that use this endpoint (autocomplete, evals) are not conversations to learn from."""
+        model = self.model
+        prompt = _raw_prompt(req)
+        if req.echo:
+            raise InvalidRequest("echo: true is not supported: send echo: false (the default).", param="echo")
+        if req.suffix:
+            raise InvalidRequest("suffix (fill-in-the-middle) is not supported.", param="suffix")
+        top = self._top_logprobs(req.logprobs or 0, "logprobs")
+        prompt_ids = model.engine.tokenize(prompt, add_bos=model.info.add_bos)
+        if not prompt_ids:
+            raise InvalidRequest("prompt must not be empty.", param="prompt")
+        n_ctx = model.info.n_ctx
+        try:
+            model.check_context(
+                len(prompt_ids),
+                f"This model's maximum context length is {n_ctx} tokens. "
+                f"However, your prompt resulted in {len(prompt_ids)} tokens. Shorten the prompt.",
+            )
+        except ContextLengthExceeded as e:
+            e.param = "prompt"  # there are no messages here
+            raise
+        session_id, source = headers.get("x-session-id"), "header"
+        if not session_id:
+            session_id, source = (req.session_id, "body") if req.session_id else (sessions.new_session_id(), "new")
+        who = sessions.Attribution(session_id, source, "side", None, False)
+        params = self._params(req.max_tokens, req.temperature, req.top_p, req.seed, top)
+        turn_log = _TurnLog(
+            who=who,
+            request={"prompt": prompt},
+            request_hash=_raw_hash(prompt),
+            continuation=lambda text: _raw_hash(prompt + text),
+            prompt_text=prompt,
+            chat_format=RAW_FORMAT,
+            stops=req.stop_list(),
+            title=prompt.strip()[:60] or None,
+        )
+        # A raw continuation keeps its leading whitespace: " Paris" after "...France is" is
+        # the text the client asked for.
+        return self._begin("cmpl-", prompt_ids, params, req.stop_list(), turn_log, client, strip_leading=False)
+
+    def _top_logprobs(self, k: int, param: str) -> int:
+        most = self.model.engine.max_top_logprobs
+        if k > most:
+            raise InvalidRequest(
+                f"{param}: {k} is more than the {self.model.engine.name} engine can report"
+                + (f" (at most {most})." if most else ": it reports the sampled tokens' log-probs only (send 0)."),
+                param=param,
+            )
+        return k
+
+    def _params(self, max_tokens, temperature, top_p, seed, top_logprobs: int) -> SamplingParams:
         d = self.defaults
-        params = SamplingParams(
-            max_tokens=req.max_completion_tokens or req.max_tokens or d.max_tokens,
-            temperature=d.temperature if req.temperature is None else req.temperature,
-            top_p=d.top_p if req.top_p is None else req.top_p,
-            seed=req.seed,
+        return SamplingParams(
+            max_tokens=max_tokens or d.max_tokens,
+            temperature=d.temperature if temperature is None else temperature,
+            top_p=d.top_p if top_p is None else top_p,
+            seed=seed,
+            top_logprobs=top_logprobs,
         )
+
+    def _begin(self, prefix, prompt_ids, params, stops, turn_log, client, *, strip_leading) -> TurnStream:
         ts = TurnStream(
-            id="chatcmpl-" + uuid.uuid4().hex[:24],
+            id=prefix + uuid.uuid4().hex[:24],
             created=int(time.time()),
-            model=model.model_id,
+            model=self.model.model_id,
             prompt_tokens=len(prompt_ids),
-            session_id=who.session_id,
+            session_id=turn_log.who.session_id,
         )
-        job = _TurnJob(self, ts, req, who, rendered, prompt_ids, params, client)
+        job = _TurnJob(self, ts, turn_log, prompt_ids, params, stops, strip_leading, client)
         task = asyncio.create_task(job.run(), name=f"turn-{ts.id}")
         ts.recorded = task
         self._running[task] = ts
@@ -130,11 +245,11 @@ class ChatService:
 class _TurnJob:
     svc: ChatService
     ts: TurnStream
-    req: ChatCompletionRequest
-    who: sessions.Attribution
-    rendered: object
+    turn_log: _TurnLog
     prompt_ids: list[int]
     params: SamplingParams
+    stops: list[str]
+    strip_leading: bool
     client: str | None
 
     async def run(self) -> None:
@@ -144,12 +259,25 @@ class _TurnJob:
         ids: list[int] = []
         logprobs: list[float] = []
         text: list[str] = []
+        pending: list[SampledToken] = []  # sampled, their text not released yet
+        leading = self.strip_leading  # still stripping: no visible character released yet
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        stops = StopMatcher(self.req.stop_list() + self.rendered.stops)
+        stops = StopMatcher(self.stops)
         t_start = time.perf_counter()
         t_first = None
         finish = "length"
         stop_hit = False
+
+        def release(piece: str, last: bool = False) -> None:
+            nonlocal leading
+            if leading:
+                piece = piece.lstrip()  # a first piece of only whitespace releases nothing
+                leading = not piece
+            if piece or (last and pending):
+                text.append(piece)
+                ts._queue.put_nowait(Piece(piece, tuple(pending)))
+                pending.clear()
+
         try:
             gen = model.runner.generate(self.prompt_ids, self.params, adapter=adapter, cancel=ts._cancel)
             async with contextlib.aclosing(gen):
@@ -161,20 +289,18 @@ class _TurnJob:
                     if tok.is_end:
                         finish = "stop"
                         break
+                    pending.append(tok)
                     piece, hit = stops.feed(decoder.decode(tok.piece))
-                    if piece:
-                        text.append(piece)
-                        ts._queue.put_nowait(piece)
+                    release(piece)
                     if hit:
                         finish, stop_hit = "stop", True
                         break
+            tail = ""
             if not stop_hit:  # text held back as a possible stop start is text after all
                 tail = stops.feed(decoder.decode(b"", final=True))[0] + stops.flush()
-                if tail:
-                    text.append(tail)
-                    ts._queue.put_nowait(tail)
                 if finish != "stop" and ts._cancel.is_set():
                     finish = "cancelled"
+            release(tail, last=True)
         except ClawdError as e:
             ts.error, finish = e, "error"
         except Exception as e:  # an engine bug must end this turn, not the daemon
@@ -202,45 +328,74 @@ class _TurnJob:
         )
 
     async def _record(self, ids, logprobs, response_text, finish, adapter, timings) -> None:
-        svc, req, who = self.svc, self.req, self.who
+        svc, tl = self.svc, self.turn_log
+        who = tl.who
         rec = turns.TurnRecord(
             id=self.ts.id,
             session_id=who.session_id,
             turn_type=who.turn_type,
-            request={
-                "messages": [m.model_dump(exclude_none=True) for m in req.messages],
-                **({"tools": req.tools} if req.tools else {}),
-            },
-            request_hash=sessions.messages_hash(req.messages),
-            continuation_hash=sessions.continuation_hash(req.messages, response_text),
-            prompt_text=self.rendered.prompt,
+            request=tl.request,
+            request_hash=tl.request_hash,
+            continuation_hash=tl.continuation(response_text),
+            prompt_text=tl.prompt_text,
             prompt_ids=self.prompt_ids,
             response_ids=ids,
             response_logprobs=logprobs,
-            response_text=response_text,
+            response_text=response_text,  # the text the client was shown
             finish_reason=finish,
             sampling={
                 "max_tokens": self.params.max_tokens,
                 "temperature": self.params.temperature,
                 "top_p": self.params.top_p,
                 "seed": self.params.seed,
-                "stop": req.stop_list(),
+                "stop": tl.stops,
             },
             engine=svc.model.engine.name,
             model=svc.model.model_id,
-            chat_format=svc.model.format.name,
+            chat_format=tl.chat_format,
             timings=timings,
             adapter_id=adapter,
             requery_of=who.requery_of,
             client=self.client,
         )
         try:
-            await turns.insert_turn(svc.db, rec, source=who.source, title=_title(req))
+            await turns.insert_turn(svc.db, rec, source=who.source, title=tl.title)
             if who.session_done:
                 await turns.mark_session_done(svc.db, who.session_id)
             svc.on_turn()
         except Exception:
             log.exception("could not record turn %s", rec.id)
+
+
+def _refuse_non_text(messages: list[Message]) -> None:
+    """Only text reaches the model. A part it cannot read (an image, audio, a file) is refused,
+    never dropped: the reply would answer a question nobody asked."""
+    for i, m in enumerate(messages):
+        for j, part in enumerate(m.content if isinstance(m.content, list) else []):
+            if part.type != "text":
+                raise InvalidRequest(
+                    f"messages[{i}].content[{j}] is a {part.type!r} part, and this model reads text only: "
+                    "send text parts (or a string) instead.",
+                    param=f"messages[{i}].content[{j}]",
+                )
+
+
+def _raw_prompt(req: CompletionRequest) -> str:
+    p = req.prompt
+    if isinstance(p, list) and len(p) == 1 and isinstance(p[0], str):
+        return p[0]
+    if isinstance(p, str):
+        return p
+    raise InvalidRequest(
+        "prompt must be a string or a list holding one string (token-id prompts and batches are not supported).",
+        param="prompt",
+    )
+
+
+def _raw_hash(text: str) -> str:
+    """A raw turn's request / continuation hash, in its own namespace: no chat request's
+    messages hash can equal it, so a chat turn is never taken for its regenerate or sequel."""
+    return hashlib.sha256(b"raw\0" + text.encode("utf-8")).hexdigest()
 
 
 def _title(req: ChatCompletionRequest) -> str | None:

@@ -18,6 +18,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from clawd.config import TEMPERATURE_MAX, TOP_P_MIN_EXCLUSIVE
 
+TOP_LOGPROBS_MAX = 20  # OpenAI's limit for chat `top_logprobs`
+COMPLETION_LOGPROBS_MAX = 5  # OpenAI's limit for the legacy completions `logprobs`
+
 
 class ContentPart(BaseModel):
     model_config = ConfigDict(extra="allow")
@@ -70,10 +73,25 @@ class ScoreRequest(BaseModel):
     adapter: str = "active"  # "active" | "base" | an adapter id
 
 
+def _check_stops(v):
+    if isinstance(v, list) and len(v) > 4:
+        raise ValueError("at most 4 stop sequences")
+    return v
+
+
+def _stop_list(stop: str | list[str] | None) -> list[str]:
+    if stop is None:
+        return []
+    stops = [stop] if isinstance(stop, str) else stop
+    return [s for s in stops if s]
+
+
 class ChatCompletionRequest(BaseModel):
     """POST /v1/chat/completions. Unknown keys are accepted and ignored."""
 
     model_config = ConfigDict(extra="allow")
+    # Any name: one model is served, and it answers whatever a client's settings call it
+    # (as llama.cpp's server and LM Studio do); responses carry the served model's id.
     model: str
     messages: list[Message] = Field(min_length=1)
     stream: bool = False
@@ -88,6 +106,10 @@ class ChatCompletionRequest(BaseModel):
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
     response_format: dict[str, Any] | None = None
+    # The sampled tokens' log-probs (choices[].logprobs.content) and, per token, this many
+    # most likely alternatives; top_logprobs needs logprobs: true, as with OpenAI.
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=TOP_LOGPROBS_MAX)
     # clawd's own fields (headers X-Session-Id / X-Turn-Type / X-Session-Done win)
     session_id: str | None = None
     turn_type: Literal["main", "side"] | None = None
@@ -96,15 +118,42 @@ class ChatCompletionRequest(BaseModel):
     @field_validator("stop")
     @classmethod
     def _stops(cls, v):
-        if isinstance(v, list) and len(v) > 4:
-            raise ValueError("at most 4 stop sequences")
-        return v
+        return _check_stops(v)
 
     def stop_list(self) -> list[str]:
-        if self.stop is None:
-            return []
-        stops = [self.stop] if isinstance(self.stop, str) else self.stop
-        return [s for s in stops if s]
+        return _stop_list(self.stop)
+
+
+class CompletionRequest(BaseModel):
+    """POST /v1/completions (OpenAI's legacy raw-prompt endpoint): the prompt goes to the
+    model as it is, with no chat template. Unknown keys are accepted and ignored."""
+
+    model_config = ConfigDict(extra="allow")
+    model: str  # any name, as for chat
+    prompt: Any = Field(description="a string, or a list holding one string")
+    max_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0, le=TEMPERATURE_MAX)
+    top_p: float | None = Field(None, gt=TOP_P_MIN_EXCLUSIVE, le=1)
+    stop: str | list[str] | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    seed: int | None = None
+    n: int = Field(1, ge=1, le=1, description="only 1 is supported")
+    best_of: int | None = Field(None, ge=1, le=1, description="only 1 is supported")
+    # The legacy shape: tokens, token_logprobs, top_logprobs (this many per token, plus the
+    # sampled one), text_offset.
+    logprobs: int | None = Field(None, ge=0, le=COMPLETION_LOGPROBS_MAX)
+    echo: bool = False
+    suffix: str | None = None
+    session_id: str | None = None  # header X-Session-Id wins
+
+    @field_validator("stop")
+    @classmethod
+    def _stops(cls, v):
+        return _check_stops(v)
+
+    def stop_list(self) -> list[str]:
+        return _stop_list(self.stop)
 
 
 class Usage(BaseModel):

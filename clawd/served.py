@@ -107,7 +107,9 @@ class ServedModel:
         self, messages: list[Message], params: SamplingParams, *, adapter: str | None = None, background: bool = True
     ) -> str:
         """One reply as text, not logged as a turn: for judges and side-by-side answers.
-        Background completions yield the engine to user requests (raising Preempted)."""
+        Background completions yield the engine to user requests (raising Preempted).
+        Like a served chat reply, it is without the whitespace the model opens with, so the
+        side-by-side answers read like the logged reply they are shown next to."""
         rendered, prompt_ids = self.prompt(messages)
         self.check_context(
             len(prompt_ids), f"the prompt needs {len(prompt_ids)} tokens; the context is {self.info.n_ctx}"
@@ -123,5 +125,5 @@ class ServedModel:
                 piece, hit = stops.feed(decoder.decode(tok.piece))
                 out.append(piece)
                 if hit:
-                    return "".join(out)
-        return "".join(out) + stops.feed(decoder.decode(b"", final=True))[0] + stops.flush()
+                    return "".join(out).lstrip()
+        return ("".join(out) + stops.feed(decoder.decode(b"", final=True))[0] + stops.flush()).lstrip()

@@ -415,13 +415,16 @@ BAD_REQUESTS = {
     "five-stops": (dict(json=body(user("hi"), stop=["a", "b", "c", "d", "e"])), 400, None, "stop"),
     "last-is-assistant": (dict(json=body(user("hi"), {"role": "assistant", "content": "x"})), 400, None, "messages"),
     "bad-turn-type-header": (dict(json=body(user("hi")), headers={"X-Turn-Type": "cron"}), 400, None, "turn_type"),
-    "unknown-model": (dict(json={**body(user("hi")), "model": "gpt-4o"}), 404, "model_not_found", "model"),
-    "unknown-model-stream": (
-        dict(json={**body(user("hi")), "model": "gpt-4o", "stream": True}),
-        404,
-        "model_not_found",
-        "model",
+    # any model name is served (tests/test_compat.py); parts the model cannot read are refused
+    "image-part": (
+        dict(json=body({"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:,"}}]})),
+        400,
+        None,
+        "messages[0].content[0]",
     ),
+    "top-logprobs-21": (dict(json=body(user("hi"), logprobs=True, top_logprobs=21)), 400, None, "top_logprobs"),
+    "top-logprobs-negative": (dict(json=body(user("hi"), logprobs=True, top_logprobs=-1)), 400, None, "top_logprobs"),
+    "top-logprobs-alone": (dict(json=body(user("hi"), top_logprobs=2)), 400, None, "top_logprobs"),
     "context-length": (dict(json=body(user("x" * 600))), 400, "context_length_exceeded", "messages"),
     "context-length-stream": (
         dict(json=body(user("x" * 600), stream=True)),
@@ -460,7 +463,7 @@ def test_unknown_route_and_method(fake_daemon):
 def test_sdk_raises_typed_errors(fake_daemon):
     client = sdk(fake_daemon)
     with pytest.raises(openai.NotFoundError) as nf:
-        client.chat.completions.create(model="nope", messages=[user("hi")])
+        client.models.retrieve("nope")
     assert nf.value.code == "model_not_found"
     with pytest.raises(openai.BadRequestError) as br:
         client.chat.completions.create(model=MODEL, messages=[user("y" * 600)])

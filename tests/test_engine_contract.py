@@ -327,6 +327,29 @@ def test_score_reproduces_generated_logprobs(engine, temperature):
         assert diff < GEN_VS_SCORE_ATOL, f"score vs generate max |Δ| = {diff:.2e}"
 
 
+def test_generate_reports_top_alternatives(engine):
+    """`top_logprobs` (an API client's): each step's k most likely tokens under the same
+    distribution as the sampled log-prob, agreeing with score(top_k=k). Engines that cannot
+    (max_top_logprobs 0) report none, and the API refuses to ask them."""
+    prompt = _prompt(engine)
+    plain = list(engine.generate(prompt, SamplingParams(max_tokens=6, temperature=0)))
+    assert all(t.top == () for t in plain)  # not asked: nothing computed
+    k = min(5, engine.max_top_logprobs)
+    if k == 0:
+        return
+    toks = list(engine.generate(prompt, SamplingParams(max_tokens=12, temperature=0, top_logprobs=k)))
+    assert _ids(toks) == _ids(plain)[: len(toks)] or _ids(plain) == _ids(toks)[: len(plain)]
+    res = engine.score(prompt, _ids(toks), top_k=k)
+    for j, t in enumerate(toks):
+        assert len(t.top) == k
+        lps = [a.logprob for a in t.top]
+        assert lps == sorted(lps, reverse=True)
+        assert t.top[0].id == t.id and abs(t.top[0].logprob - t.logprob) < 1e-6  # greedy: the argmax
+        atol = 0 if _exact(engine) else GEN_VS_SCORE_ATOL
+        np.testing.assert_allclose(np.asarray(lps, np.float32), res.top_logprobs[j], atol=atol, rtol=0)
+        assert all(isinstance(a.piece, bytes) for a in t.top)
+
+
 def test_score_rows_are_a_distribution(engine):
     prompt = _prompt(engine)
     targets = engine.tokenize(" I am fine, thank you. And you?", add_bos=False)

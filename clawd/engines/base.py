@@ -25,6 +25,19 @@ class SamplingParams:
     temperature: float = 0.8
     top_p: float = 0.95
     seed: int | None = None
+    # Also report this many most likely tokens per step (SampledToken.top), for a client's
+    # `top_logprobs`; at most Engine.max_top_logprobs.
+    top_logprobs: int = 0
+
+
+@dataclass(frozen=True)
+class Alternative:
+    """One of the most likely tokens at a step, under the same unscaled distribution as
+    SampledToken.logprob. `piece` is its text as bytes (a control token's own spelling)."""
+
+    id: int
+    piece: bytes
+    logprob: float
 
 
 @dataclass(frozen=True)
@@ -37,6 +50,7 @@ class SampledToken:
     piece: bytes
     logprob: float
     is_end: bool = False  # an end-of-generation token (EOS/EOT); its piece is not text
+    top: tuple[Alternative, ...] = ()  # params.top_logprobs most likely tokens, most likely first
 
 
 @dataclass
@@ -87,6 +101,9 @@ class Engine(abc.ABC):
     """A loaded model that can generate, score and wear LoRA adapters."""
 
     name: str  # "llamacpp", "mlx", "fake", ...
+    # The most SamplingParams.top_logprobs generate() can honour; 0: it cannot report the
+    # alternatives to a sampled token at all (the API then refuses `top_logprobs`).
+    max_top_logprobs: int = 0
 
     @property
     @abc.abstractmethod

@@ -31,6 +31,7 @@ _P_INTENDED = 0.9
 
 class Engine(base.Engine):
     name = "fake"
+    max_top_logprobs = 20
 
     def __init__(
         self,
@@ -39,6 +40,7 @@ class Engine(base.Engine):
         n_ctx: int = 2048,
         token_delay: float = 0.0,
         model_id: str = "fake-model",
+        reply_prefix: str = "",
         **_ignored,
     ):
         self._info = base.ModelInfo(
@@ -54,6 +56,9 @@ class Engine(base.Engine):
             add_bos=True,
         )
         self._delay = token_delay
+        # Real models often open a reply with whitespace (" The" after "Assistant:"); tests
+        # of what clients are shown set this to " " to get the same.
+        self._reply_prefix = reply_prefix
         self._adapters: dict[str, Path] = {}
         on = np.log(_P_INTENDED)
         off = np.log((1 - _P_INTENDED) / (VOCAB - 1))
@@ -79,7 +84,7 @@ class Engine(base.Engine):
         for line in text.splitlines():
             if line.startswith("User: "):
                 asked = line[len("User: ") :]
-        reply = f"You said: {asked}" if asked else "Hello."
+        reply = self._reply_prefix + (f"You said: {asked}" if asked else "Hello.")
         if adapter:
             reply = f"[{adapter}] {reply}"
         return [*reply.encode("utf-8"), EOS]
@@ -122,10 +127,16 @@ class Engine(base.Engine):
                 w = np.exp((lp - lp.max()) / params.temperature)
                 tok = rng.choices(range(VOCAB), weights=w.tolist())[0]
             produced.append(tok)
+            top = ()
+            if params.top_logprobs:
+                idx = np.argsort(-lp, kind="stable")[: params.top_logprobs]
+                top = tuple(
+                    base.Alternative(int(i), _SPECIAL_TEXT.get(int(i)) or _piece(int(i)), float(lp[i])) for i in idx
+                )
             if tok == EOS:
-                yield base.SampledToken(tok, b"", float(lp[tok]), is_end=True)
+                yield base.SampledToken(tok, b"", float(lp[tok]), is_end=True, top=top)
                 return
-            yield base.SampledToken(tok, _piece(tok), float(lp[tok]))
+            yield base.SampledToken(tok, _piece(tok), float(lp[tok]), top=top)
 
     def score(
         self, prompt_ids, target_ids, *, top_k=0, adapter=None, at_ids=None, cancel=None, slot=0, reuse_cache=True

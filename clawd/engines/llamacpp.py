@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from clawd.engines import base
+from clawd.engines.sampling import top_alternatives
 from clawd.errors import AdapterError, ContextLengthExceeded, EngineError, ModelLoadError, Preempted
 
 log = logging.getLogger(__name__)
@@ -100,6 +101,7 @@ def vocab_piece(lc, vocab, tok: int, buf, *, special: bool) -> bytes:
 
 class Engine(base.Engine):
     name = "llamacpp"
+    max_top_logprobs = 20
 
     def __init__(
         self,
@@ -422,15 +424,23 @@ class Engine(base.Engine):
                 np.subtract(row, top, out=scratch)
                 np.exp(scratch, out=scratch)
                 logprob = float(row[tok] - top - np.log(scratch.sum()))
+                alts = self._alternatives(row, params.top_logprobs)
                 if lc.llama_vocab_is_eog(self._vocab, tok):
-                    yield base.SampledToken(tok, b"", logprob, is_end=True)
+                    yield base.SampledToken(tok, b"", logprob, is_end=True, top=alts)
                     return
-                yield base.SampledToken(tok, self._piece(tok), logprob)
+                yield base.SampledToken(tok, self._piece(tok), logprob, top=alts)
                 if step + 1 < budget:
                     self._decode([tok], len(self._cached), [True])
         finally:
             if sampler is not None:
                 lc.llama_sampler_free(sampler)
+
+    def _alternatives(self, row: np.ndarray, k: int) -> tuple[base.Alternative, ...]:
+        """The k most likely tokens of this step (control tokens spelled out, e.g. "</s>")."""
+        if k <= 0:
+            return ()
+        ids, lps = top_alternatives(row, k)
+        return tuple(base.Alternative(int(i), self._piece(int(i), special=True), float(lp)) for i, lp in zip(ids, lps))
 
     # ---- scoring -----------------------------------------------------------------------
 

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from clawd.engines import base
-from clawd.engines.sampling import log_softmax_at, make_rng, sample
+from clawd.engines.sampling import log_softmax_at, make_rng, sample, top_alternatives
 from clawd.errors import AdapterError, ContextLengthExceeded, EngineError, ModelLoadError, Preempted
 from clawd.modelfile import ARCH_BY_MODEL_TYPE, read_model_config
 
@@ -64,6 +64,7 @@ class _Slot:
 
 class Engine(base.Engine):
     name = "mlx"
+    max_top_logprobs = 20
 
     def __init__(
         self, model_path: Path, *, n_ctx: int = 4096, top_k: int = 40, model_id: str = "", cache_dir: Path | None = None
@@ -289,10 +290,14 @@ class Engine(base.Engine):
                 return
             tok = sample(row, params, self._top_k, rng)
             logprob = float(log_softmax_at(row, tok))
+            alts = ()
+            if params.top_logprobs:
+                ids, lps = top_alternatives(row, params.top_logprobs)
+                alts = tuple(base.Alternative(int(i), self._vocab.piece(int(i)), float(lp)) for i, lp in zip(ids, lps))
             if self._vocab.is_end(tok):
-                yield base.SampledToken(tok, b"", logprob, is_end=True)
+                yield base.SampledToken(tok, b"", logprob, is_end=True, top=alts)
                 return
-            yield base.SampledToken(tok, self._vocab.piece(tok), logprob)
+            yield base.SampledToken(tok, self._vocab.piece(tok), logprob, top=alts)
             if step + 1 < budget:
                 row = self._run(s, [tok], 0)[0]
 

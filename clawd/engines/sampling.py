@@ -43,3 +43,13 @@ def sample(row: np.ndarray, params: SamplingParams, top_k: int, rng: np.random.G
     p = np.exp((logits - logits[0]) / params.temperature)
     cum = np.cumsum(p)
     return int(idx[min(int(np.searchsorted(cum, rng.random() * cum[-1], side="right")), len(idx) - 1)])
+
+
+def top_alternatives(row: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The k most likely token ids of the logits `row`, most likely first, with their float64
+    log-probs under the unscaled distribution (what a client's `top_logprobs` asks for)."""
+    row = row.astype(np.float64, copy=False)
+    idx = np.argpartition(row, -k)[-k:]
+    idx = idx[np.argsort(-row[idx], kind="stable")]
+    top = row.max()
+    return idx, row[idx] - top - np.log(np.exp(row - top).sum())

@@ -95,7 +95,10 @@ def from_row(r) -> Signal:
 async def create_missing(db: Database) -> int:
     """A 'waiting' row for every trainable turn that has none (idempotent; catches up
     after restarts). Failed turns are not trainable. A cancelled turn (the user stopped it) is
-    trainable once it has explicit feedback: the user saw its tokens and said how they did."""
+    trainable once it has explicit feedback: the user saw its tokens and said how they did.
+    Side turns never get a row: heartbeats and memory jobs, and every raw /v1/completions
+    turn (chat.py `start_raw`), whose prompt has no conversation to take a next state from
+    and no user message to append a teacher's hint to."""
     now = time.time()
     async with db.transaction():
         cur = await db.conn.execute(
