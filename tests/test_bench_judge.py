@@ -155,6 +155,12 @@ def test_llm_rows_and_the_rules_first_cascade():
     assert both[1].seconds == 0.5  # the rules decided alone
     assert both[0].hint_ok is True
 
+    # a correction that names no fix ("try again") has no instruction: its hint is shown, not scored
+    bare = [_item("dev-0003", -1, None, "try again")]
+    (o,) = asyncio.run(bench.run_llm("self", judge, bare))
+    assert o.hint == "End every answer with 'Cheers'." and o.hint_ok is None
+    assert bench.summarize([o])[0]["hints_checked"] == 0
+
 
 def test_cli_runs_the_rules_judge_on_a_few_items(tmp_path):
     out = tmp_path / "judge.json"

@@ -134,9 +134,10 @@ def _hint_fields(item: Item, hints: list[str]) -> tuple[str | None, bool | None]
     """The hint to show and whether any candidate states the instruction (the miner keeps
     every candidate and the teacher picks one, so one good candidate is enough)."""
     hints = [h for h in hints if h]
+    if not item.instruction:  # a correction that names no fix: nothing to check the hint against
+        return (hints[0] if hints else None), None
     checks = [scoring.hint_states_instruction(h, item.instruction) for h in hints]
-    best = next((h for h, ok in zip(hints, checks) if ok), hints[0] if hints else None)
-    return best, (scoring.hint_states_instruction(None, item.instruction) if not hints else any(checks))
+    return next((h for h, ok in zip(hints, checks) if ok), hints[0] if hints else None), any(checks)
 
 
 def run_rules(items: list[Item]) -> list[Outcome]:
