@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 WORKERS ?= 2  # pytest-xdist workers for test-fast (CI's `make test` stays serial: steadier timings)
 
-.PHONY: serve chat test test-fast demo bench-serve bench-learning bench-hints bench-train bench-tui bench-mlx
+.PHONY: serve chat test test-fast demo bench-serve bench-learning bench-hints bench-judge bench-train bench-tui bench-mlx
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -37,6 +37,9 @@ bench-learning: $(STAMP)  ## simulated users: does it learn their preference? hy
 
 bench-hints: $(STAMP)  ## does the hinted teacher (base + the user's correction) comply? per hint wording (~3 min)
 	$(PY) benchmarks/hint_wording.py $(ARGS)
+
+bench-judge: $(STAMP)  ## the judges on the labelled next-state corpus: correction recall, inverted verdicts, hints (ARGS=... e.g. --judge rules)
+	$(PY) -m clawd.cli bench judge $(ARGS)
 
 bench-tui: $(STAMP)  ## TUI start-up to the first screen vs a bare Textual app (goal < 1 s)
 	$(PY) benchmarks/tui_startup.py

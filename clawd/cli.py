@@ -655,7 +655,12 @@ def cmd_export(args) -> int:
 
 
 def cmd_bench(args) -> int:
-    from clawd.bench import learning  # lazily: only the benchmark needs it
+    # lazily: only the benchmark needs it
+    if args.name == "judge":
+        from clawd.bench import judge
+
+        return judge.main(args.args)
+    from clawd.bench import learning
 
     return learning.main(args.args)
 
@@ -772,10 +777,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser(
         "bench",
-        help="benchmarks: `clawd bench learning` (does it learn a simulated user's preference? hybrid vs RL vs OPD)",
+        help="benchmarks: `clawd bench learning` (does it learn a simulated user's preference? hybrid vs RL vs OPD); "
+        "`clawd bench judge` (do the judges read corrections and approvals right? on a labelled corpus)",
     )
-    s.add_argument("name", choices=["learning"])
-    s.add_argument("args", nargs=argparse.REMAINDER, help="the benchmark's options (clawd bench learning --help)")
+    s.add_argument("name", choices=["learning", "judge"])
+    s.add_argument("args", nargs=argparse.REMAINDER, help="the benchmark's options (clawd bench NAME --help)")
     s.set_defaults(func=cmd_bench)
 
     s = sub.add_parser("token", help="print the API bearer token (for non-loopback clients)")

@@ -114,7 +114,8 @@ class MiningSettings:
     judge: str = _f(
         "self",
         "Evaluative judge used when the rules are undecided: rules (rules only), self (the served "
-        "model, no adapter), gguf:PATH (a second local model) or openai:BASE_URL[#MODEL].",
+        "model, no adapter), gguf:PATH (a second local model), openai:BASE_URL[#MODEL], or likelihood:self / "
+        "likelihood:gguf:PATH (the verdict scored by likelihood instead of sampled votes).",
     )
     hint_judge: str = _f(
         "self", "Hint (directive) judge, same forms as judge; rules = the user's own correction sentences only."

@@ -25,8 +25,8 @@ from clawd.config import DEPRECATED_REQUIRE_TOKEN, Settings
 from clawd.engines.base import Engine
 from clawd.engines.runner import EngineRunner
 from clawd.errors import ConfigError
-from clawd.judge import LLMJudge
-from clawd.judge_completers import completer_for
+from clawd.judge import LikelihoodJudge, LLMJudge
+from clawd.judge_completers import JUDGE_FORMS, completer_for
 from clawd.miner import Miner
 from clawd.modelfile import why_untrainable
 from clawd.paths import PRIVATE_DIR, Paths, make_private
@@ -141,8 +141,12 @@ async def build_state(settings: Settings, paths: Paths, engine: Engine, port: in
     )
 
 
+LIKELIHOOD = "likelihood:"
+
+
 def build_judge(spec: str, settings: Settings, model: ServedModel) -> LLMJudge | None:
-    """A judge from its config spec (see MiningSettings.judge)."""
+    """A judge from its config spec (see MiningSettings.judge); "likelihood:SPEC" scores the
+    verdict with SPEC's model (clawd.judge.LikelihoodJudge) instead of sampling votes."""
 
     def load_second_model(path: str) -> ServedModel:
         from clawd.engines.llamacpp import Engine
@@ -157,10 +161,18 @@ def build_judge(spec: str, settings: Settings, model: ServedModel) -> LLMJudge |
         fmt = choose_format("auto", info.chat_template, info.bos_token, info.eos_token, info.add_bos)
         return ServedModel(EngineRunner(engine), fmt)
 
-    completer = completer_for(spec, chat=model, gguf_loader=load_second_model)
+    likelihood = spec.strip().startswith(LIKELIHOOD)
+    inner = spec.strip()[len(LIKELIHOOD) :] if likelihood else spec
+    if likelihood and not (inner == "self" or inner.startswith("gguf:")):
+        raise ConfigError(
+            f"judge {spec!r}: a likelihood judge scores with a model clawd runs itself: "
+            f"{LIKELIHOOD}self or {LIKELIHOOD}gguf:PATH (judges: {JUDGE_FORMS})."
+        )
+    completer = completer_for(inner, chat=model, gguf_loader=load_second_model)
     if completer is None:
         return None
-    return LLMJudge(completer, votes=settings.mining.votes, temperature=settings.mining.temperature)
+    judge = LikelihoodJudge if likelihood else LLMJudge
+    return judge(completer, votes=settings.mining.votes, temperature=settings.mining.temperature)
 
 
 async def serve(

@@ -10,6 +10,8 @@ Judges, fastest first:
   errors; says None when unsure, so the caller can hand the turn to an LLM judge.
 - `LLMJudge` over a `Completer` (clawd/judge_completers.py): the served model ("self"), a
   second local GGUF ("gguf:PATH") or any OpenAI-compatible endpoint ("openai:URL[#MODEL]").
+- `LikelihoodJudge` ("likelihood:self", "likelihood:gguf:PATH"): the same prompt, but the
+  verdict is the most likely of the three \\boxed{} endings, scored instead of sampled.
 """
 
 from __future__ import annotations
@@ -287,6 +289,44 @@ class LLMJudge:
             raise JudgeUnavailable(
                 f"The {self.completer.source!r} judge failed: {type(e).__name__}: {e}. The turn stays unjudged "
                 'and will be retried; if this persists, check the judge backend or set the judge to "rules".'
+            ) from e
+
+
+# The three verdicts as the evaluative prompt asks the judge to end: the likelihood judge
+# scores each as the reply to that prompt.
+VERDICT_TEXTS = {-1: "\\boxed{-1}", 0: "\\boxed{0}", 1: "\\boxed{1}"}
+
+
+class Scorer(Protocol):
+    """A Completer that can also score a given reply to messages (models clawd runs itself)."""
+
+    source: str
+
+    async def logprob(self, messages: list[dict], completion: str) -> float: ...
+
+
+class LikelihoodJudge(LLMJudge):
+    """The evaluative judge by likelihood instead of free text: log p(\\boxed{v} | prompt)
+    for v = -1, 0, 1, one scoring pass each (the prompt's cache is shared); the most likely
+    verdict wins. Deterministic, never unparseable, and far cheaper than m sampled votes of
+    free text. Small models that rarely end a free-text answer with \\boxed{} still rank
+    the three endings. Hints still come from free text (LLMJudge.hints)."""
+
+    async def evaluate(self, inp: JudgeInput) -> Verdict:
+        messages = evaluative_messages(inp)
+        logprobs = {v: await self._logprob(messages, text) for v, text in VERDICT_TEXTS.items()}
+        best = max(logprobs, key=logprobs.get)
+        return Verdict(best, [best], self.completer.source)
+
+    async def _logprob(self, messages: list[dict], completion: str) -> float:
+        try:
+            return await self.completer.logprob(messages, completion)
+        except (asyncio.CancelledError, Preempted, JudgeUnavailable, ContextLengthExceeded):
+            raise  # as in LLMJudge._complete
+        except Exception as e:
+            raise JudgeUnavailable(
+                f"The {self.completer.source!r} likelihood judge failed: {type(e).__name__}: {e}. The turn stays "
+                'unjudged and will be retried; if this persists, set the judge to "rules" or "self".'
             ) from e
 
 

@@ -129,6 +129,21 @@ class ServedModelCompleter:
         if self.source == "gguf":
             await asyncio.get_running_loop().run_in_executor(None, self.chat.runner.close)
 
+    async def logprob(self, messages: list[dict], completion: str) -> float:
+        """log p(completion | messages) under the base weights, at background priority. The
+        prompt is the background slot's cached prefix, so scoring several completions of one
+        prompt evaluates the prompt once."""
+        from clawd.protocol import Message
+
+        prompt_ids = self.chat.prompt_ids([Message.model_validate(m) for m in messages])
+        target = self.chat.reply_ids(completion)
+        self.chat.check_context(
+            len(prompt_ids) + len(target),
+            f"the judge prompt needs {len(prompt_ids) + len(target)} tokens; the context is {self.chat.info.n_ctx}",
+        )
+        res = await self.chat.runner.call(self.chat.engine.score, prompt_ids, target, adapter=None, background=True)
+        return float(res.logprobs.sum())
+
     async def complete(self, messages: list[dict], *, temperature: float, max_tokens: int, seed: int | None) -> str:
         # deferred: engines.base pulls in numpy, and `clawd --help` must stay light
         from clawd.engines.base import SamplingParams
@@ -140,7 +155,10 @@ class ServedModelCompleter:
         return await self.chat.complete(msgs, params, adapter=None, background=True)
 
 
-JUDGE_FORMS = '"rules", "self", "openai:<base_url>[#model]" or "gguf:<path to .gguf>"'
+JUDGE_FORMS = (
+    '"rules", "self", "openai:<base_url>[#model]", "gguf:<path to .gguf>", or "likelihood:self" / '
+    '"likelihood:gguf:<path>" (the verdict scored, not sampled)'
+)
 
 
 def completer_for(spec: str, *, chat=None, gguf_loader=None, api_key: str = "") -> Completer | None:

@@ -1,0 +1,131 @@
+"""The likelihood judge: the verdict is the most likely of the three \\boxed{} endings after the
+evaluative prompt, scored by llama.cpp. Checked against an independent scoring of the same
+prompt with llama-cpp-python's high-level Llama on a tiny real GGUF."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from clawd.config import Settings
+from clawd.daemon import build_judge
+from clawd.errors import ConfigError
+from clawd.judge import VERDICT_TEXTS, JudgeInput, LikelihoodJudge, LLMJudge, evaluative_messages
+from clawd.protocol import Message
+from clawd.templates import TranscriptFormat
+
+INP = JudgeInput(
+    request=[{"role": "user", "content": "Name a color."}],
+    response="Blue.",
+    next_state="no, a warm one",
+    next_role="user",
+)
+
+
+def _independent_logprob(llm, prompt_ids: list[int], target_ids: list[int]) -> float:
+    llm.reset()
+    llm.eval(prompt_ids + target_ids[:-1])
+    p, n = len(prompt_ids), len(target_ids)
+    rows = np.asarray(llm.scores[p - 1 : p - 1 + n], dtype=np.float64)
+    m = rows.max(axis=1, keepdims=True)
+    logp = rows - m - np.log(np.exp(rows - m).sum(axis=1, keepdims=True))
+    return float(logp[np.arange(n), target_ids].sum())
+
+
+@pytest.fixture(scope="module")
+def tiny_gguf_2k(tmp_path_factory):
+    """The tiny model with a 2k context: the evaluative prompt is ~1,100 of its byte-level tokens."""
+    from tests.tiny_models import build_tiny_gguf
+
+    return build_tiny_gguf(tmp_path_factory.mktemp("tiny2k") / "tiny-2k.gguf", n_ctx_train=2048)
+
+
+def test_likelihood_verdict_matches_an_independent_scoring(tiny_gguf_2k):
+    from llama_cpp import Llama
+
+    tiny_gguf = tiny_gguf_2k
+
+    from clawd.engines.llamacpp import Engine
+    from clawd.engines.runner import EngineRunner
+    from clawd.judge_completers import ServedModelCompleter
+    from clawd.served import ServedModel
+
+    model = ServedModel(EngineRunner(Engine(tiny_gguf, n_ctx=2048, n_threads=1, model_id="tiny")), TranscriptFormat())
+    completer = ServedModelCompleter(model)
+    judge = LikelihoodJudge(completer)
+
+    async def go():
+        mine = {v: await completer.logprob(evaluative_messages(INP), t) for v, t in VERDICT_TEXTS.items()}
+        return mine, await judge.evaluate(INP)
+
+    try:
+        mine, verdict = asyncio.run(go())
+    finally:
+        model.runner.close()
+
+    llm = Llama(model_path=str(tiny_gguf), n_ctx=2048, logits_all=True, n_threads=1, verbose=False)
+    try:
+        rendered = TranscriptFormat(add_bos=True).render([Message(**m) for m in evaluative_messages(INP)]).prompt
+        prompt_ids = llm.tokenize(rendered.encode(), add_bos=True, special=True)
+        ref = {
+            v: _independent_logprob(llm, prompt_ids, llm.tokenize(t.encode(), add_bos=False, special=False))
+            for v, t in VERDICT_TEXTS.items()
+        }
+    finally:
+        llm.close()
+
+    for v in VERDICT_TEXTS:
+        assert mine[v] == pytest.approx(ref[v], abs=2e-3)
+    assert verdict.score == max(ref, key=ref.get)
+    assert verdict.votes == [verdict.score] and verdict.source == "self"
+
+
+def test_likelihood_judge_specs():
+    settings = Settings()
+    served = object()  # build_judge only hands it to the completer
+    assert isinstance(build_judge("likelihood:self", settings, served), LikelihoodJudge)
+    plain = build_judge("self", settings, served)
+    assert isinstance(plain, LLMJudge) and not isinstance(plain, LikelihoodJudge)
+    with pytest.raises(ConfigError, match="likelihood judge scores with a model clawd runs"):
+        build_judge("likelihood:openai:http://127.0.0.1:9/v1", settings, served)
+    with pytest.raises(ConfigError, match="likelihood:self"):
+        build_judge("likelihood:rules", settings, served)
+
+
+def test_bench_runs_the_likelihood_judge_on_a_local_gguf(tiny_gguf_2k, tmp_path):
+    """`clawd bench judge` loads --model in-process and runs the judge the daemon would build."""
+    import json
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT, make_env
+
+    out = tmp_path / "judge.json"
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "clawd.cli",
+            "bench",
+            "judge",
+            "--judge",
+            "likelihood:self",
+            "--model",
+            str(tiny_gguf_2k),
+        ]
+        + ["--limit", "3", "--no-hints", "--json", str(out)],
+        cwd=ROOT,
+        env=make_env(tmp_path / "home", CLAWD_MODEL_N_CTX=2048, CLAWD_MODEL_N_THREADS=1),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert p.returncode == 0, p.stderr
+    assert "| likelihood:self | dev | 3 |" in p.stdout and "| rules>likelihood:self | dev | 3 |" in p.stdout
+    outcomes = [o for o in json.loads(out.read_text())["outcomes"] if o["judge"] == "likelihood:self"]
+    # every item either fits the tiny context and gets a verdict, or is reported as too long
+    assert len(outcomes) == 3
+    for o in outcomes:
+        assert (o["score"] in (-1, 0, 1) and o["votes"] == [o["score"]]) or "tokens" in (o["error"] or "")
