@@ -36,8 +36,6 @@ from tests.new_user import (
     screen_lines,
 )
 
-pytestmark = pytest.mark.slow
-
 
 def wait_until(check, what: str, timeout: float):
     """`check()`'s first truthy value, polled until `timeout` (the daemon's work has no event a
@@ -62,6 +60,7 @@ def ready_signal(c: DaemonClient, turn_id: str):
     return r.json() if r.status_code == 200 and r.json()["status"] == "ready" else None
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(2400)
 def test_the_new_users_hour_as_readme_tells_it(tmp_path):
     home = tmp_path / "home"
@@ -116,17 +115,19 @@ def test_the_new_users_hour_as_readme_tells_it(tmp_path):
 
         # Training: `clawd train --now` in a terminal, followed to the end of a promoted run.
         rc, raw = run_on_a_pty(home, "train", "--now", CLAWD_SERVER_PORT=serve.port)
+        (tmp_path / "train-now.pty").write_text(raw)  # what the terminal received, for a failure's reader
         lines = screen_lines(raw)
         outputs["train --now"] = "\n".join(lines)
         assert rc == 0, raw[-4000:]
         assert not noise_in("\n".join(lines)), "\n".join(lines)
-        assert any(re.match(r"^training\b.*1/1", ln) for ln in lines), lines  # the bar reached its end
-        # Uninterrupted: every line the terminal shows is the bar (`job …`, a phase, `training …`)
-        # or the one-line verdict at the end, which says the adapter is live.
-        verdict = lines[-1]
+        # Uninterrupted: every line the terminal shows is the bar, one phase after another, then
+        # the one-line verdict, which says the adapter is live. The bar keeps the step done through
+        # the gate (it fell back to "gate 0/1" before) and never prints an unknown total as "None".
+        *bar, verdict = lines
+        phase = re.compile(r"^(job \S+|start|load|scoring π_old / teacher|training|gate|promote) [━╸╺]+ \d+/(\d+|\?) ")
+        assert all(phase.match(ln) for ln in bar), "\n".join(ln for ln in bar if not phase.match(ln))
+        assert any(re.match(r"^gate [━╸╺]+ 1/1 ", ln) for ln in bar), "\n".join(bar)
         assert "promoted and live" in verdict and "not running" not in raw, verdict
-        bar = re.compile(r"^(job \S+|scoring π_old / teacher|training|prepare|train|gate|starting|\w+)\b")
-        assert all(bar.match(ln) for ln in lines[:-1]), lines
 
         # Adapters: the new one, active; exported in all three formats; rolled back.
         with client_for(serve) as c:
@@ -187,6 +188,7 @@ class Tmux:
         subprocess.run(["tmux", "kill-session", "-t", self.session], capture_output=True)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(2400)
 def test_clawd_chat_teaches_trains_and_rolls_back_with_no_log_line_on_screen(tmp_path):
     if shutil.which("tmux") is None:
@@ -217,7 +219,9 @@ def test_clawd_chat_teaches_trains_and_rolls_back_with_no_log_line_on_screen(tmp
             term.keys("BTab")
             term.keys("c")
             term.wait_for("Correct this reply")
-            correction = "Paris."
+            # Longer than 10 characters: a shorter correction trains as a thumbs-down only (the
+            # miner keeps hints of more than 10 characters), though the TUI marks it corrected.
+            correction = "Paris, the capital of France."
             term.type(correction)
             term.keys("Enter")
             term.wait_for("✎ corrected", timeout=300)
@@ -246,3 +250,36 @@ def test_clawd_chat_teaches_trains_and_rolls_back_with_no_log_line_on_screen(tmp
     finally:
         term.close()
         serve.stop()
+
+
+# ---- `clawd train --now`'s bar (fast): what the slow run above showed wrong -------------------------
+
+
+@pytest.mark.parametrize(
+    "status, shown",
+    [
+        ({"phase": "load", "state": "running", "step": 0, "total": 0}, "load 0/?"),
+        ({"phase": "prepare", "state": "running", "prepared": 1, "samples": 2}, "scoring π_old / teacher 1/2"),
+        ({"phase": "train", "state": "running", "step": 0, "total": 1, "metrics": {}}, "training 0/1"),
+        # The minutes-long gate after the last step: before, the bar fell back to "gate 0/1".
+        ({"phase": "gate", "state": "running", "step": 1, "total": 1}, "gate 1/1"),
+        ({"phase": "promote", "state": "running", "step": 1, "total": 1}, "promote 1/1"),
+    ],
+    ids=["load", "prepare", "train", "gate", "promote"],
+)
+def test_the_train_bar_counts_what_is_done_and_never_prints_none(status, shown):
+    from io import StringIO
+
+    from rich.console import Console
+    from rich.progress import Progress
+
+    from clawd.cli import train_bar, train_bar_columns
+
+    out = StringIO()
+    progress = Progress(*train_bar_columns(), console=Console(file=out, width=100, color_system=None))
+    task = progress.add_task("job j", total=None, info="")
+    progress.update(task, **train_bar(status))
+    progress.console.print(progress.get_renderable())
+    line = " ".join(out.getvalue().replace("━", " ").split())
+    assert line.startswith(shown), line
+    assert "None" not in line
