@@ -179,7 +179,7 @@ class Tmux:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             screen = self.screen()
-            if text in screen:
+            if " ".join(text.split()) in " ".join(screen.split()):  # a line the terminal wrapped counts
                 return screen
             time.sleep(0.2)  # polling a terminal: there is no event to wait on
         raise AssertionError(f"{text!r} never appeared within {timeout:.0f} s; the screen:\n{self.screen()}")
