@@ -386,56 +386,62 @@ def cmd_train(args) -> int:
             return 0
     else:
         started = _daemon_call(args, "POST", "/clawd/training")
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import Progress
 
-    columns = (
-        TextColumn("{task.description}"),
-        BarColumn(),
-        TextColumn("{task.completed}/{task.total}"),
-        TimeElapsedColumn(),
-        TextColumn("{task.fields[info]}"),
-    )
     from clawd.client import DaemonClient
 
     settings, paths = _setup(args)
     try:
-        with Progress(*columns, transient=False) as bar, DaemonClient.configured(settings, paths) as c:
+        with Progress(*train_bar_columns(), transient=False) as bar, DaemonClient.configured(settings, paths) as c:
             task = bar.add_task(f"job {started['job_id']}", total=None, info="")
             while True:
                 st = follow_training(c)
                 if st["job_id"] != started["job_id"] or st["state"] in ("idle", "error"):
                     break
-                if st["phase"] == "prepare":
-                    bar.update(
-                        task,
-                        description="scoring π_old / teacher",
-                        completed=st["prepared"],
-                        total=st["samples"] or None,
-                        info="",
-                    )
-                elif st["phase"] == "train":
-                    m = st["metrics"]
-                    info = (
-                        f"loss {m.get('loss', 0):+.4f} rl {m.get('rl', 0):+.4f} opd {m.get('opd', 0):+.4f} "
-                        f"r̄ {m.get('reward_mean', 0):+.2f}"
-                        if m
-                        else ""
-                    )
-                    bar.update(
-                        task,
-                        description="training" + (" (paused for a user)" if st["state"] == "paused" else ""),
-                        completed=st["step"],
-                        total=st["total"] or None,
-                        info=info,
-                    )
-                else:
-                    bar.update(task, description=st["phase"] or "starting")
+                bar.update(task, **train_bar(st))
                 time.sleep(1.0)
     except KeyboardInterrupt:
         print("the run continues in the daemon; `clawd train --stop` stops it at the next step")
         return 130
     print(_training_summary(st.get("result")))
     return 0 if st["state"] != "error" else 1
+
+
+def train_bar_columns() -> tuple:
+    from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
+
+    return (
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),  # "0/?" while the total is unknown (a TextColumn printed "0/None")
+        TimeElapsedColumn(),
+        TextColumn("{task.fields[info]}"),
+    )
+
+
+def train_bar(st: dict) -> dict:
+    """What `clawd train --now`'s bar shows for one GET /clawd/training: scoring counts samples,
+    training counts steps, and the phases after it (gate, promote) keep the steps done — a bar
+    that fell back to 0/1 during a minutes-long gate read as if the step had been lost."""
+    if st["phase"] == "prepare":
+        return {
+            "description": "scoring π_old / teacher",
+            "completed": st["prepared"],
+            "total": st["samples"] or None,
+            "info": "",
+        }
+    fields = {"completed": st["step"], "total": st["total"] or None}
+    if st["phase"] == "train":
+        m = st["metrics"]
+        info = (
+            f"loss {m.get('loss', 0):+.4f} rl {m.get('rl', 0):+.4f} opd {m.get('opd', 0):+.4f} "
+            f"r̄ {m.get('reward_mean', 0):+.2f}"
+            if m
+            else ""
+        )
+        paused = " (paused for a user)" if st["state"] == "paused" else ""
+        return {"description": "training" + paused, "info": info, **fields}
+    return {"description": st["phase"] or "starting", **fields}
 
 
 FOLLOW_PATIENCE_S = 600.0  # how long `train --now` waits for a daemon that is slow to answer
