@@ -174,7 +174,9 @@ async def _crash(_: Request, exc: Exception):
 @openai.post("/v1/chat/completions")
 async def chat_completions(req: ChatCompletionRequest, request: Request, state: State):
     client = request.headers.get("user-agent")
-    ts = await state.chat.start(req, request.headers, client=client)
+    ts = await state.chat.start(
+        req, request.headers, client=client, remote=request.client.host if request.client else None
+    )
     headers = {"X-Clawd-Turn-Id": ts.id, "X-Clawd-Session-Id": ts.session_id}
     if req.stream:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)

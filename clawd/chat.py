@@ -23,7 +23,7 @@ from clawd.engines.base import SamplingParams
 from clawd.errors import ClawdError, EngineError, ModelNotFound
 from clawd.protocol import ChatCompletionRequest, Usage
 from clawd.served import ServedModel
-from clawd.stops import StopMatcher
+from clawd.stops import StopMatcher, tokens_received
 from clawd.store import turns
 from clawd.store.db import Database
 
@@ -81,10 +81,15 @@ class ChatService:
         self._running: dict[asyncio.Task, TurnStream] = {}
 
     async def start(
-        self, req: ChatCompletionRequest, headers: Mapping[str, str], client: str | None = None
+        self,
+        req: ChatCompletionRequest,
+        headers: Mapping[str, str],
+        client: str | None = None,
+        remote: str | None = None,
     ) -> TurnStream:
-        """Validate, attribute and begin a turn. Raises ClawdError (4xx) before any
-        token is produced, so the caller can still answer with a plain error."""
+        """Validate, attribute and begin a turn for `client` (its User-Agent) at `remote` (its
+        address). Raises ClawdError (4xx) before any token is produced, so the caller can
+        still answer with a plain error."""
         model = self.model
         if req.model != model.model_id:
             raise ModelNotFound(req.model)
@@ -95,7 +100,7 @@ class ChatService:
             f"This model's maximum context length is {n_ctx} tokens. "
             f"However, your messages resulted in {len(prompt_ids)} tokens. Shorten the messages.",
         )
-        who = await sessions.attribute(self.db, req, headers)
+        who = await sessions.attribute(self.db, req, headers, remote=remote)
         d = self.defaults
         params = SamplingParams(
             max_tokens=req.max_completion_tokens or req.max_tokens or d.max_tokens,
@@ -144,6 +149,8 @@ class _TurnJob:
         ids: list[int] = []
         logprobs: list[float] = []
         text: list[str] = []
+        text_ends: list[int] = []  # characters decoded after each token: where the user's text ends
+        ended_by_token = False
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         stops = StopMatcher(self.req.stop_list() + self.rendered.stops)
         t_start = time.perf_counter()
@@ -159,9 +166,11 @@ class _TurnJob:
                     ids.append(tok.id)
                     logprobs.append(tok.logprob)
                     if tok.is_end:
-                        finish = "stop"
+                        finish, ended_by_token = "stop", True
                         break
-                    piece, hit = stops.feed(decoder.decode(tok.piece))
+                    decoded = decoder.decode(tok.piece)
+                    text_ends.append((text_ends[-1] if text_ends else 0) + len(decoded))
+                    piece, hit = stops.feed(decoded)
                     if piece:
                         text.append(piece)
                         ts._queue.put_nowait(piece)
@@ -188,10 +197,12 @@ class _TurnJob:
         if finish == "error" and not ids:
             return  # nothing was sampled: nothing to learn from or to show
         gen_s = (t_end - t_first) if t_first else 0.0
+        response_text = "".join(text)
         await self._record(
             ids,
+            tokens_received(text_ends, len(response_text), ended_by_token),
             logprobs,
-            "".join(text),
+            response_text,
             finish,
             adapter,
             {
@@ -201,7 +212,7 @@ class _TurnJob:
             },
         )
 
-    async def _record(self, ids, logprobs, response_text, finish, adapter, timings) -> None:
+    async def _record(self, ids, seen, logprobs, response_text, finish, adapter, timings) -> None:
         svc, req, who = self.svc, self.req, self.who
         rec = turns.TurnRecord(
             id=self.ts.id,
@@ -216,6 +227,7 @@ class _TurnJob:
             prompt_text=self.rendered.prompt,
             prompt_ids=self.prompt_ids,
             response_ids=ids,
+            response_seen=seen,
             response_logprobs=logprobs,
             response_text=response_text,
             finish_reason=finish,
@@ -233,6 +245,7 @@ class _TurnJob:
             adapter_id=adapter,
             requery_of=who.requery_of,
             client=self.client,
+            client_key=self.who.client_key,
         )
         try:
             await turns.insert_turn(svc.db, rec, source=who.source, title=_title(req))

@@ -45,6 +45,8 @@ async def record(
     created_at: float | None = None,
     source: str = "new",
     turn_type: str = "main",
+    finish_reason: str = "stop",
+    client_key: str | None = None,
 ) -> TurnRecord:
     """Store a turn the way chat.py does: hashes from sessions.py."""
     global _n
@@ -62,12 +64,13 @@ async def record(
         response_ids=[4, 5],
         response_logprobs=np.array([-0.1, -0.2], np.float32),
         response_text=response,
-        finish_reason="stop",
+        finish_reason=finish_reason,
         sampling={},
         engine="fake",
         model="m",
         chat_format="transcript",
         timings={},
+        client_key=client_key or sessions.client_key(H(), None),  # the client `attribute(..., H())` sees
         **({"created_at": created_at} if created_at is not None else {}),
     )
     await insert_turn(db, rec, source=source)
