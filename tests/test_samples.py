@@ -21,6 +21,7 @@ TEMPLATE = (
     "{% if add_generation_prompt %}<s>assistant\n{% endif %}"
 )
 EOS = 1
+ARRAYS = ("teacher_logprobs", "student_top_ids", "student_top_logprobs", "teacher_top_logprobs")
 
 
 @pytest.fixture(scope="module")
@@ -76,6 +77,13 @@ def test_a_sample_holds_no_stop_string_token(tiny_daemon):
     ids = turn.response_ids
     assert stop not in detok(ids[:-1])
     assert len(ids) - len(stop) <= len(sample.response_ids) < len(ids)
+    # The dataset export (clawd signals export) holds the same tokens.
+    from clawd.signal_datasets import trl_row
+
+    sig = SimpleNamespace(reward=-1, reward_source="feedback", hint=None, top_k=4, **dict.fromkeys(ARRAYS))
+    row = trl_row(sig, turn)
+    assert row["completion_ids"] == sample.response_ids
+    assert len(row["completion_logprobs"]) == len(sample.response_ids)
     # A turn logged before clawd counted (response_seen NULL) is measured against its text: never
     # the stop's tokens (a broken UTF-8 sequence, decoded token by token, may cost one more).
     turn.response_seen = None
