@@ -36,7 +36,7 @@ CANARY = (
 # transcript format's preamble. An answer running on into these is a turn that failed to end
 # (the gate's turn-end check, clawd/training/evaluate.py).
 TEMPLATE_MARKERS = (
-    TRANSCRIPT_PREAMBLE[:30],  # "The following is a conversation"
+    TRANSCRIPT_PREAMBLE[:31],  # "The following is a conversation"
     "User:",
     "Assistant:",
     "Tool result:",

@@ -191,8 +191,10 @@ def main() -> int:
             say(quiet, f"2. mined: {result['signals']}")
             held = HELD_OUT[0][0]
             result["margin_before"] = margin(c)
-            result["answer_before"] = greedy(c, held)
+            # One greedy request per held-out country: a second identical one from this client
+            # would be a regenerate, a −1 signal on a held-out answer.
             result["held_out_before"] = held_out_answers(c)
+            result["answer_before"] = result["held_out_before"][0]["answer"].strip()
             say(quiet, f"3. before: margin {result['margin_before']:+.3f} nats; {held}? -> {result['answer_before']!r}")
             st = train(c, quiet)
             result["training"] = st["result"]
@@ -206,8 +208,8 @@ def main() -> int:
                 f"{gate['n']} {gate['judged_on']} signals, KL to base {gate['kl_to_base']:.4f}) and is live",
             )
             result["margin_after"] = margin(c)
-            result["answer_after"] = greedy(c, held)
             result["held_out_after"] = held_out_answers(c)
+            result["answer_after"] = result["held_out_after"][0]["answer"].strip()
             say(quiet, f"   after:  margin {result['margin_after']:+.3f} nats; {held}? -> {result['answer_after']!r}")
             c.post("/clawd/adapters/rollback").raise_for_status()
             result["margin_rollback"] = margin(c)
