@@ -65,6 +65,11 @@ def live_check(probe: dict, served_delta: np.ndarray) -> tuple[bool, dict]:
     }
 
 
+def _gate_note(gate: dict) -> str:
+    why = "; ".join(gate.get("refused") or [])  # a trainer before the reasons were kept gives none
+    return "failed the eval gate" + (f": {why}" if why else "")
+
+
 def served_artifact(path: Path, base_model: Path) -> Path:
     """What the engine loads from adapter dir `path`: on an MLX/HF directory base the mlx-lm
     adapter dir itself (no GGUF base to pair a GGUF LoRA with), else its adapter.gguf."""
@@ -186,7 +191,7 @@ class Registry:
             metrics=meta.get("metrics", {}),
             gate=gate,
             status="candidate" if gate.get("passed") else "rejected",
-            note=None if gate.get("passed") else "failed the eval gate",
+            note=None if gate.get("passed") else _gate_note(gate),
             created_at=meta.get("created_at", 0.0),
         )
         if await rows.get(self.db, rec.id) is None:

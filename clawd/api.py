@@ -268,7 +268,9 @@ STREAM_RESPONSES: dict[int | str, dict] = {
 @openai.post("/v1/chat/completions", responses=STREAM_RESPONSES | TURN_RESPONSES)
 async def chat_completions(req: ChatCompletionRequest, request: Request, state: State):
     client = request.headers.get("user-agent")
-    ts = await state.chat.start(req, request.headers, client=client)
+    ts = await state.chat.start(
+        req, request.headers, client=client, remote=request.client.host if request.client else None
+    )
     if req.stream:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         return _streaming(ts, _sse(ts, include_usage, bool(req.logprobs)))

@@ -35,7 +35,7 @@ from clawd.engines.base import SampledToken, SamplingParams
 from clawd.errors import ClawdError, ContextLengthExceeded, EngineError, InvalidRequest, StorageUnavailable
 from clawd.protocol import ChatCompletionRequest, CompletionRequest, Message, Usage
 from clawd.served import ServedModel
-from clawd.stops import StopMatcher
+from clawd.stops import StopMatcher, tokens_received
 from clawd.store import turns
 from clawd.store.db import Database
 from clawd.tool_calls import plan as tool_plan
@@ -125,11 +125,15 @@ class ChatService:
         self._running: dict[asyncio.Task, TurnStream] = {}
 
     async def start(
-        self, req: ChatCompletionRequest, headers: Mapping[str, str], client: str | None = None
+        self,
+        req: ChatCompletionRequest,
+        headers: Mapping[str, str],
+        client: str | None = None,
+        remote: str | None = None,
     ) -> TurnStream:
-        """Validate, attribute and begin a chat turn. Raises ClawdError (4xx) before any
-        token is produced, so the caller can still answer with a plain error. Any model
-        name is served: see ChatCompletionRequest.model."""
+        """Validate, attribute and begin a chat turn for `client` (its User-Agent) at `remote`
+        (its address). Raises ClawdError (4xx) before any token is produced, so the caller can
+        still answer with a plain error. Any model name is served: see ChatCompletionRequest.model."""
         model = self.model
         _refuse_non_text(req.messages)
         if req.top_logprobs and not req.logprobs:
@@ -153,7 +157,7 @@ class ChatService:
             f"This model's maximum context length is {n_ctx} tokens. "
             f"However, your messages resulted in {len(prompt_ids)} tokens. Shorten the messages.",
         )
-        who = await sessions.attribute(self.db, req, headers)
+        who = await sessions.attribute(self.db, req, headers, remote=remote)
         params = self._params(req.max_completion_tokens or req.max_tokens, req.temperature, req.top_p, req.seed, top)
         params = dataclasses.replace(params, grammar=tools.grammar)
         turn_log = _TurnLog(
@@ -293,6 +297,9 @@ class _TurnJob:
         parser = self.turn_log.parser()
         pending: list[SampledToken] = []  # sampled, their text not released yet
         leading = self.strip_leading  # still stripping: no visible character released yet
+        text_ends: list[int] = []  # characters decoded after each token: where the user's text ends
+        released = 0  # characters past the stop matcher (before the leading strip): what the user got
+        ended_by_token = False
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         stops = StopMatcher(self.stops)
         t_start = time.perf_counter()
@@ -301,7 +308,8 @@ class _TurnJob:
         stop_hit = False
 
         def release(piece: str, last: bool = False) -> None:
-            nonlocal leading
+            nonlocal leading, released
+            released += len(piece)
             if leading:
                 piece = piece.lstrip()  # a first piece of only whitespace releases nothing
                 leading = not piece
@@ -327,10 +335,12 @@ class _TurnJob:
                     ids.append(tok.id)
                     logprobs.append(tok.logprob)
                     if tok.is_end:
-                        finish = "stop"
+                        finish, ended_by_token = "stop", True
                         break
                     pending.append(tok)
-                    piece, hit = stops.feed(decoder.decode(tok.piece))
+                    decoded = decoder.decode(tok.piece)
+                    text_ends.append((text_ends[-1] if text_ends else 0) + len(decoded))
+                    piece, hit = stops.feed(decoded)
                     release(piece)
                     if hit:
                         finish, stop_hit = "stop", True
@@ -358,6 +368,7 @@ class _TurnJob:
             gen_s = (t_end - t_first) if t_first else 0.0
             await self._record(
                 ids,
+                tokens_received(text_ends, released, ended_by_token),
                 logprobs,
                 "".join(text),
                 "".join(content),
@@ -374,12 +385,12 @@ class _TurnJob:
             # Only now may the reader finish: the row is committed (or the error says why not).
             ts._queue.put_nowait(_END)
 
-    async def _record(self, ids, logprobs, response_text, content, calls, finish, adapter, timings) -> None:
+    async def _record(self, ids, seen, logprobs, response_text, content, calls, finish, adapter, timings) -> None:
         svc, ts, tl = self.svc, self.ts, self.turn_log
         who = tl.who
         # Hashing and packing a long prompt take a while: on a worker thread, like its tokenizing.
         rec = await asyncio.to_thread(
-            self._turn_record, ids, logprobs, response_text, content, calls, finish, adapter, timings
+            self._turn_record, ids, seen, logprobs, response_text, content, calls, finish, adapter, timings
         )
         try:
             await turns.insert_turn(svc.db, rec, source=who.source, title=tl.title)
@@ -398,7 +409,9 @@ class _TurnJob:
             log.exception("could not mark session %s done", who.session_id)
         svc.on_turn()
 
-    def _turn_record(self, ids, logprobs, response_text, content, calls, finish, adapter, timings) -> turns.TurnRecord:
+    def _turn_record(
+        self, ids, seen, logprobs, response_text, content, calls, finish, adapter, timings
+    ) -> turns.TurnRecord:
         svc, tl = self.svc, self.turn_log
         who = tl.who
         return turns.TurnRecord(
@@ -411,6 +424,7 @@ class _TurnJob:
             prompt_text=tl.prompt_text,
             prompt_ids=self.prompt_ids,
             response_ids=ids,
+            response_seen=seen,
             response_logprobs=logprobs,
             response_text=response_text,  # the model's text, tool-call markup included
             tool_calls=calls,  # the calls parsed out of it, as the client got them
@@ -430,6 +444,7 @@ class _TurnJob:
             adapter_id=adapter,
             requery_of=who.requery_of,
             client=self.client,
+            client_key=who.client_key,
         )
 
 

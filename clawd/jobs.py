@@ -16,10 +16,12 @@ from dataclasses import dataclass
 from clawd.config import TrainingSettings
 from clawd.protocol import Message
 from clawd.served import ServedModel
+from clawd.stops import tokens_received
 from clawd.store import adapters as adapter_rows
 from clawd.store import signals, turns
 from clawd.store.db import Database
-from clawd.training.data import Job, Sample
+from clawd.templates import TRANSCRIPT_PREAMBLE
+from clawd.training.data import Job, Sample, TurnEnd
 
 # Fixed prompts for the eval gate's forgetting check (KL to the base model) and the live check
 # after a swap: general requests no personal preference should change much.
@@ -28,6 +30,24 @@ CANARY = (
     ("Name three primary colors.", "Red, blue and yellow."),
     ("How many days are in a week?", "There are seven days in a week."),
     ("What do bees make?", "Bees make honey."),
+)
+
+# Template text no answer should ever show: role markers of the common chat templates and the
+# transcript format's preamble. An answer running on into these is a turn that failed to end
+# (the gate's turn-end check, clawd/training/evaluate.py).
+TEMPLATE_MARKERS = (
+    TRANSCRIPT_PREAMBLE[:31],  # "The following is a conversation"
+    "User:",
+    "Assistant:",
+    "Tool result:",
+    "<start_of_turn>",
+    "<end_of_turn>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|start_header_id|>",
+    "<|eot_id|>",
+    "<|endoftext|>",
+    "[INST]",
 )
 
 MAX_TRAIN = 10_000  # samples per job, oldest first (a run checkpoints per step, so a long one resumes)
@@ -57,16 +77,34 @@ async def usable_turn(db: Database, sig: signals.Signal) -> turns.TurnRecord | N
     if not (sig.reward or sig.hint):
         return None  # METHOD §5: neither an evaluative nor a directive signal -> no sample
     turn = await turns.get_turn(db, sig.turn_id)
-    return turn if turn is not None and turn.response_ids else None  # deleted, or no sampled ids
+    if turn is None or not turn.response_ids or turn.response_seen == 0:
+        return None  # deleted, no sampled ids, or the user received none of them
+    return turn
+
+
+def received_ids(model: ServedModel, turn: turns.TurnRecord) -> list[int]:
+    """The sampled tokens the user received: what a sample trains on. The stop string's tokens
+    ("\nUser:") were sampled but never shown; training them (with r = −1, say) teaches the model
+    not to end its turn. A turn that ended with an end-of-turn token keeps it (chat.py counts it).
+    A turn recorded before clawd counted (response_seen NULL) is measured against its text,
+    which keeps every token wholly inside it (an end token renders as its own text, so it goes too)."""
+    ids = turn.response_ids
+    if turn.response_seen is not None:
+        return ids[: turn.response_seen]
+    ends = [len(model.engine.detokenize(ids[: i + 1])) for i in range(len(ids))]
+    return ids[: tokens_received(ends, len(turn.response_text), False)]
 
 
 async def _sample(db: Database, model: ServedModel, sig: signals.Signal, max_tokens: int) -> Sample | None:
     turn = await usable_turn(db, sig)
     if turn is None:
         return None
+    received = received_ids(model, turn)
+    if not received:
+        return None  # the user received nothing of it (a stop at once): nothing to learn from
     reward = sig.reward or 0
     keep_first = model.info.add_bos
-    prompt, response = fit(turn.prompt_ids, turn.response_ids, max_tokens, keep_first)
+    prompt, response = fit(turn.prompt_ids, received, max_tokens, keep_first)
     teacher = None
     if sig.hint:
         teacher, _ = fit(model.teacher_prompt_ids(turn.request, sig.hint), response, max_tokens, keep_first)
@@ -80,6 +118,14 @@ def canary_samples(model: ServedModel) -> list[Sample]:
         # A leading space is how the transcript format's answers begin; templates strip it.
         out.append(Sample(f"canary-{i}", prompt, model.reply_ids(" " + answer)))
     return out
+
+
+def turn_end(model: ServedModel) -> TurnEnd:
+    """The served model's turn ends for the gate: its chat format's stop strings (end-of-turn
+    tokens the trainer reads from the tokenizer) and the template text answers must not show."""
+    rendered = model.prompt([Message(role="user", content=CANARY[0][0])]).rendered
+    specials = [t for t in (model.info.bos_token, model.info.eos_token) if t]
+    return TurnEnd(stops=list(rendered.stops), markers=[*TEMPLATE_MARKERS, *specials])
 
 
 @dataclass(frozen=True)
@@ -163,6 +209,7 @@ async def build_job(
             if sample is not None:
                 part.append(sample)
     job.canary = canary_samples(model)
+    job.turn_end = turn_end(model)
     return job
 
 

@@ -325,7 +325,10 @@ class Scheduler:
             out["note"] = "trained on a session forgotten while it ran; retired and deleted"
             return out
         if rec.status != "candidate":
-            out["note"] = "the eval gate refused it; the active adapter is unchanged"
+            why = "; ".join(rec.gate.get("refused") or [])
+            out["note"] = (
+                "the eval gate refused it" + (f" ({why})" if why else "") + "; the active adapter is unchanged"
+            )
             return out
         try:
             await self.registry.activate(rec.id)

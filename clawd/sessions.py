@@ -3,7 +3,11 @@
 Clients may say (X-Session-Id / X-Turn-Type headers, or session_id / turn_type body
 fields; the header wins). Most don't, so clawd infers: a request whose messages extend
 an earlier request's messages plus that turn's response continues that turn's session;
-a request whose messages equal an earlier request's is a regenerate of that turn.
+a request whose messages equal an earlier request's is a regenerate of that turn, but only
+within one conversation: the same session when the client names one, else the same client
+(client_key: token, User-Agent, address) without one. An identical request from another
+client or session is someone asking the same thing, and says nothing about the earlier
+answer. A repeat soon after a turn that failed or was cut off is a retry, not a regenerate.
 Turns default to `main` (trainable): the reference system defaulted to `side` and so
 silently trained nothing for header-less clients (METHOD.md §1).
 """
@@ -24,6 +28,12 @@ from clawd.store import signals, turns
 from clawd.store.db import Database
 
 REGENERATE_WINDOW_S = 6 * 3600  # an identical request days later is a new question, not a regenerate
+# A repeat this soon after a turn that ended in an error, a disconnect or a client timeout
+# (finish_reason error / cancelled) is the client (or an SDK's automatic retry) trying again:
+# it got no answer to judge, so the repeat is no evidence against one. Seconds, because SDK
+# retries back off for a few seconds and a person re-sending after a failure does so at once.
+RETRY_WINDOW_S = 30.0
+_CUT_SHORT = ("error", "cancelled")
 _TRUE = {"1", "true", "yes", "on"}
 
 
@@ -34,6 +44,7 @@ class Attribution:
     turn_type: str  # main | side
     requery_of: str | None
     session_done: bool
+    client_key: str | None = None
 
 
 def _canonical(m: Message) -> dict:
@@ -67,6 +78,17 @@ def check_session_id(value: str, param: str = "session_id") -> str:
     return value
 
 
+def client_key(headers: Mapping[str, str], remote: str | None) -> str:
+    """Who is asking, as far as HTTP tells: the credential, the User-Agent and the remote host
+    (not the port: each connection gets a new one). Hashed, so no token is stored."""
+    parts = (
+        headers.get("authorization") or headers.get("x-api-key") or "",
+        headers.get("user-agent") or "",
+        remote or "",
+    )
+    return "c-" + hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
+
+
 def new_session_id() -> str:
     return "s-" + uuid.uuid4().hex[:16]
 
@@ -76,10 +98,17 @@ def _flag(value) -> bool:
 
 
 async def attribute(
-    db: Database, req: ChatCompletionRequest, headers: Mapping[str, str], *, now: float | None = None
+    db: Database,
+    req: ChatCompletionRequest,
+    headers: Mapping[str, str],
+    *,
+    remote: str | None = None,
+    now: float | None = None,
 ) -> Attribution:
-    """Decide session, turn type and regenerate link for one request."""
+    """Decide session, turn type and regenerate link for one request from `remote` (the
+    client's address)."""
     now = time.time() if now is None else now
+    key = client_key(headers, remote)
     turn_type = headers.get("x-turn-type") or req.turn_type or "main"
     if turn_type not in ("main", "side"):
         raise InvalidRequest(f"X-Turn-Type must be 'main' or 'side', got {turn_type[:40]!r}", param="turn_type")
@@ -90,15 +119,15 @@ async def attribute(
     if explicit:
         check_session_id(explicit)
 
-    earlier = await turns.find_by_request_hash(db, messages_hash(req.messages))
-    if earlier and now - earlier.created_at > REGENERATE_WINDOW_S:
-        earlier = None
-    if earlier and explicit and earlier.session_id != explicit:
-        earlier = None
+    earlier = await turns.find_repeat(
+        db, messages_hash(req.messages), since=now - REGENERATE_WINDOW_S, session_id=explicit, client_key=key
+    )
+    retry = earlier is not None and earlier.finish_reason in _CUT_SHORT and now - earlier.created_at <= RETRY_WINDOW_S
+    requery_of = earlier.id if earlier and not retry else None
     if explicit:
-        return Attribution(explicit, source, turn_type, earlier.id if earlier else None, done)
+        return Attribution(explicit, source, turn_type, requery_of, done, key)
     if earlier:
-        return Attribution(earlier.session_id, "regenerate", turn_type, earlier.id, done)
+        return Attribution(earlier.session_id, "retry" if retry else "regenerate", turn_type, requery_of, done, key)
 
     # Continuation: the newest assistant message closes the prefix an earlier turn produced.
     for k in range(len(req.messages) - 1, 0, -1):
@@ -106,9 +135,9 @@ async def attribute(
             continue
         parent = await turns.find_by_continuation_hash(db, messages_hash(req.messages[:k]))
         if parent:
-            return Attribution(parent.session_id, "prefix", turn_type, None, done)
+            return Attribution(parent.session_id, "prefix", turn_type, None, done, key)
         break  # only the latest assistant message can be the one we just answered
-    return Attribution(new_session_id(), "new", turn_type, None, done)
+    return Attribution(new_session_id(), "new", turn_type, None, done, key)
 
 
 async def forget(db: Database, session_id: str, registry=None) -> dict | None:

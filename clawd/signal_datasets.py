@@ -105,7 +105,8 @@ def trl_row(sig: signals.Signal, turn: turns.TurnRecord) -> dict[str, Any]:
     - reward: +1 / -1 / 0 (METHOD §2); reward_source says what decided it.
     - hint / teacher_prompt: the selected hindsight hint, and the prompt the teacher saw
       (the last user message + the hint); None when the turn has no hint.
-    - completion_ids: the exact sampled token ids; every array below is aligned with them.
+    - completion_ids: the sampled token ids the user received (not a stop string's; the
+      end-of-turn token when the turn ended with one); every array below is aligned with them.
     - teacher_logprobs (n): the teacher's log-prob of each sampled token.
     - student_top_ids / student_top_logprobs (n, top_k): the served policy's top-k tokens and
       log-probs at each position; teacher_top_logprobs (n, top_k): the teacher's log-probs
@@ -113,6 +114,11 @@ def trl_row(sig: signals.Signal, turn: turns.TurnRecord) -> dict[str, Any]:
     """
     reward = sig.reward or 0
     messages = turn.request["messages"]
+    n = len(turn.response_ids) if turn.response_seen is None else turn.response_seen
+
+    def head(arr):
+        return None if arr is None else _list(arr[:n])
+
     return {
         "prompt": _chat_messages(messages),
         "completion": [{"role": "assistant", "content": turn.response_text}],
@@ -127,13 +133,13 @@ def trl_row(sig: signals.Signal, turn: turns.TurnRecord) -> dict[str, Any]:
         if sig.hint
         else None,
         "prompt_ids": turn.prompt_ids,
-        "completion_ids": turn.response_ids,
-        "completion_logprobs": _list(turn.response_logprobs),
-        "teacher_logprobs": _list(sig.teacher_logprobs),
+        "completion_ids": turn.response_ids[:n],
+        "completion_logprobs": head(turn.response_logprobs),
+        "teacher_logprobs": head(sig.teacher_logprobs),
         "top_k": sig.top_k,
-        "student_top_ids": _list(sig.student_top_ids),
-        "student_top_logprobs": _list(sig.student_top_logprobs),
-        "teacher_top_logprobs": _list(sig.teacher_top_logprobs),
+        "student_top_ids": head(sig.student_top_ids),
+        "student_top_logprobs": head(sig.student_top_logprobs),
+        "teacher_top_logprobs": head(sig.teacher_top_logprobs),
         "turn_id": turn.id,
         "session_id": turn.session_id,
         "model": turn.model,

@@ -6,6 +6,8 @@ per-token while a stop split across tokens is still caught and never shown.
 
 from __future__ import annotations
 
+import bisect
+
 
 class StopMatcher:
     def __init__(self, stops: list[str]):
@@ -38,3 +40,11 @@ class StopMatcher:
                     best = n
                     break
         return best
+
+
+def tokens_received(text_ends: list[int], received: int, end_token: bool) -> int:
+    """How many of a turn's sampled tokens the user received: those whose text lies wholly
+    inside the `received` characters shown (a stop string's tokens, and a token that only
+    partly precedes it, were never shown), plus the end-of-turn token when the turn ended with
+    one (the user saw the turn end there). `text_ends[i]`: characters decoded after token i."""
+    return bisect.bisect_right(text_ends, received) + (1 if end_token else 0)

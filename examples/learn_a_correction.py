@@ -13,7 +13,8 @@ What happens, all on this machine, through clawd's HTTP API:
    served model prefers the short answer the user asked for.
 5. `POST /clawd/training` runs the trainer (progress shown); its adapter must pass the eval
    gate and the live check to become active. The margin is measured again, and the greedy
-   answer to a held-out question is shown before and after.
+   answer to a held-out question is shown before and after (every held-out answer must still
+   end where it ended before, with no template text: the gate's turn-end check).
 6. Rollback: the margin returns to exactly its value before training.
 The last line with --json is every number, for tests (tests/test_learning_demo.py).
 """
@@ -161,6 +162,17 @@ def greedy(c: httpx.Client, country: str) -> str:
     return ask(c, question(country), temperature=0)["choices"][0]["message"]["content"].strip()
 
 
+def held_out_answers(c: httpx.Client) -> list[dict]:
+    """Greedy answers to every held-out question and how each turn ended ("stop": the model
+    ended its turn; "length": it ran on to max_tokens). Learning a correction must not change
+    where answers end (the eval gate's turn-end check)."""
+    out = []
+    for country, _ in HELD_OUT:
+        choice = ask(c, question(country), temperature=0)["choices"][0]
+        out.append({"country": country, "answer": choice["message"]["content"], "finish": choice["finish_reason"]})
+    return out
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--home", type=Path, help="CLAWD_HOME to use (default: a fresh temp dir)")
@@ -179,7 +191,10 @@ def main() -> int:
             say(quiet, f"2. mined: {result['signals']}")
             held = HELD_OUT[0][0]
             result["margin_before"] = margin(c)
-            result["answer_before"] = greedy(c, held)
+            # One greedy request per held-out country: a second identical one from this client
+            # would be a regenerate, a −1 signal on a held-out answer.
+            result["held_out_before"] = held_out_answers(c)
+            result["answer_before"] = result["held_out_before"][0]["answer"].strip()
             say(quiet, f"3. before: margin {result['margin_before']:+.3f} nats; {held}? -> {result['answer_before']!r}")
             st = train(c, quiet)
             result["training"] = st["result"]
@@ -193,7 +208,8 @@ def main() -> int:
                 f"{gate['n']} {gate['judged_on']} signals, KL to base {gate['kl_to_base']:.4f}) and is live",
             )
             result["margin_after"] = margin(c)
-            result["answer_after"] = greedy(c, held)
+            result["held_out_after"] = held_out_answers(c)
+            result["answer_after"] = result["held_out_after"][0]["answer"].strip()
             say(quiet, f"   after:  margin {result['margin_after']:+.3f} nats; {held}? -> {result['answer_after']!r}")
             c.post("/clawd/adapters/rollback").raise_for_status()
             result["margin_rollback"] = margin(c)

@@ -10,6 +10,7 @@ import sys
 
 import pytest
 
+from clawd.jobs import TEMPLATE_MARKERS
 from tests.conftest import ROOT, make_env
 
 
@@ -33,6 +34,11 @@ def test_demo_learns_the_correction_and_rolls_back_exactly(tmp_path):
     assert adapter["gate"]["live_check"]["corr"] > 0.5 and adapter["status"] == "retired", adapter
     # The held-out prompts (never trained on) now prefer the short answer the user asked for.
     assert r["margin_after"] > r["margin_before"] + 0.1, r
+    # ... and their greedy answers still end where the parent's end, with no leaked template text
+    # (trained on the stop string's tokens, every answer ran on into the transcript's preamble).
+    for before, after in zip(r["held_out_before"], r["held_out_after"], strict=True):
+        assert after["finish"] == before["finish"] == "stop", (before, after)
+        assert not [m for m in TEMPLATE_MARKERS if m in after["answer"]], after
     # Rollback restores the previous behaviour exactly: same log-probs, same greedy answer.
     assert r["margin_rollback"] == r["margin_before"]
     assert r["answer_rollback"] == r["answer_before"]

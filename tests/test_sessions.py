@@ -45,6 +45,8 @@ async def record(
     created_at: float | None = None,
     source: str = "new",
     turn_type: str = "main",
+    finish_reason: str = "stop",
+    client_key: str | None = None,
 ) -> TurnRecord:
     """Store a turn the way chat.py does: hashes from sessions.py."""
     global _n
@@ -62,12 +64,13 @@ async def record(
         response_ids=[4, 5],
         response_logprobs=np.array([-0.1, -0.2], np.float32),
         response_text=response,
-        finish_reason="stop",
+        finish_reason=finish_reason,
         sampling={},
         engine="fake",
         model="m",
         chat_format="transcript",
         timings={},
+        client_key=client_key or sessions.client_key(H(), None),  # the client `attribute(..., H())` sees
         **({"created_at": created_at} if created_at is not None else {}),
     )
     await insert_turn(db, rec, source=source)
@@ -261,3 +264,59 @@ async def test_session_done_header(db, value, done):
 async def test_session_done_body(db, value, done):
     a = await sessions.attribute(db, request([U1], session_done=value), H())
     assert a.session_done is done
+
+
+# --- regenerate is one conversation's, a retry is none ---------------------------------------
+
+
+async def test_identical_request_from_another_client_is_not_regenerate(db):
+    await record(db, [U1], A1, session_id="s-a", client_key=sessions.client_key(H(user_agent="app-a"), "10.0.0.2"))
+    for other in (H(user_agent="app-b"), H(user_agent="app-a", authorization="Bearer other")):
+        a = await sessions.attribute(db, request([U1]), other, remote="10.0.0.2")
+        assert (a.source, a.requery_of) == ("new", None) and a.session_id != "s-a"
+    a = await sessions.attribute(db, request([U1]), H(user_agent="app-a"), remote="10.0.0.3")
+    assert a.requery_of is None  # same app, another machine: another client
+
+
+async def test_identical_request_from_the_same_client_is_regenerate(db):
+    key = sessions.client_key(H(user_agent="app-a"), "10.0.0.2")
+    first = await record(db, [U1], A1, session_id="s-a", client_key=key)
+    a = await sessions.attribute(db, request([U1]), H(user_agent="app-a"), remote="10.0.0.2")
+    assert (a.session_id, a.source, a.requery_of, a.client_key) == ("s-a", "regenerate", first.id, key)
+
+
+async def test_a_client_without_session_does_not_regenerate_a_named_sessions_turn(db):
+    await record(db, [U1], A1, session_id="s-named", source="header")
+    a = await sessions.attribute(db, request([U1]), H())
+    assert a.requery_of is None and a.session_id != "s-named"
+
+
+async def test_same_session_repeat_from_another_client_is_regenerate(db):
+    first = await record(db, [U1], A1, session_id="s-a", source="header")
+    a = await sessions.attribute(db, request([U1]), H(x_session_id="s-a", user_agent="phone"), remote="10.0.0.9")
+    assert a.requery_of == first.id
+
+
+@pytest.mark.parametrize("finish", ["error", "cancelled"])
+async def test_repeat_soon_after_a_failed_turn_is_a_retry(db, finish):
+    now = time.time()
+    failed = await record(db, [U1], "Par", session_id="s-r", finish_reason=finish, created_at=now - 5)
+    a = await sessions.attribute(db, request([U1]), H(), now=now)
+    assert (a.session_id, a.source, a.requery_of) == ("s-r", "retry", None)
+    # Later than the retry window it is the user asking again: a regenerate.
+    a = await sessions.attribute(db, request([U1]), H(), now=failed.created_at + sessions.RETRY_WINDOW_S + 1)
+    assert (a.source, a.requery_of) == ("regenerate", failed.id)
+
+
+async def test_repeat_soon_after_a_finished_turn_is_still_a_regenerate(db):
+    now = time.time()
+    done = await record(db, [U1], A1, session_id="s-r", created_at=now - 5)
+    a = await sessions.attribute(db, request([U1]), H(), now=now)
+    assert a.requery_of == done.id
+
+
+async def test_retry_in_a_named_session_is_no_regenerate(db):
+    now = time.time()
+    await record(db, [U1], "Pa", session_id="s-h", source="header", finish_reason="cancelled", created_at=now - 2)
+    a = await sessions.attribute(db, request([U1]), H(x_session_id="s-h"), now=now)
+    assert (a.session_id, a.requery_of) == ("s-h", None)

@@ -59,10 +59,10 @@ def make_turn(i: int = 0, *, session_id: str = "s1", created_at: float | None = 
     return TurnRecord(**fields)
 
 
-def _query(path, sql):
+def _query(path, sql, *params):
     """Run one statement on a separate plain sqlite3 connection and commit."""
     with closing(sqlite3.connect(path)) as c, c:
-        return c.execute(sql).fetchall()
+        return c.execute(sql, params).fetchall()
 
 
 @pytest.fixture
@@ -124,23 +124,23 @@ async def test_upgrade_applies_only_new_migrations(tmp_path, monkeypatch):
     path = tmp_path / "clawd.db"
     released = migrations.MIGRATIONS
     monkeypatch.setattr(migrations, "MIGRATIONS", released[:1])
-    # The first release's turn row: the columns of m001 only (later migrations add some).
+    async with await Database.open(path):
+        pass
+    # The row as that release wrote it: only its columns (later migrations added others).
     from clawd.store import turns as turn_rows
 
-    columns = turn_rows._COLUMNS
-    first = tuple(c for c in columns if c != "tool_calls_json")
-    monkeypatch.setattr(turn_rows, "_COLUMNS", first)
-    monkeypatch.setattr(
-        turn_rows, "_INSERT", f"INSERT INTO turns ({', '.join(first)}) VALUES ({', '.join('?' * len(first))})"
-    )
-    async with await Database.open(path) as db:
-        await insert_turn(db, make_turn(7))
-    monkeypatch.setattr(turn_rows, "_COLUMNS", columns)
+    row = dict(zip(turn_rows._COLUMNS, turn_rows._to_row(make_turn(7))))
+    for added in ("tool_calls_json", "response_seen", "client_key"):
+        row.pop(added)
+    _query(path, "INSERT INTO sessions (id, created_at, updated_at, source) VALUES (?, 0, 0, 'new')", row["session_id"])
+    _query(path, f"INSERT INTO turns ({', '.join(row)}) VALUES ({', '.join('?' * len(row))})", *row.values())
     monkeypatch.setattr(migrations, "MIGRATIONS", released)
     async with aiosqlite.connect(path, isolation_level=None) as conn:
         assert await migrate(conn) == [fn.__name__ for fn in released[1:]]
     async with await Database.open(path) as db:
-        assert (await get_turn(db, "chatcmpl-7")).response_ids == make_turn(7).response_ids
+        old = await get_turn(db, "chatcmpl-7")
+        assert old.response_ids == make_turn(7).response_ids
+        assert old.response_seen is None  # not counted then: jobs.received_ids derives it
         assert await db.integrity_check() == "ok"
 
 

@@ -358,18 +358,19 @@ def test_stop_after_the_last_step_or_in_the_gate_checkpoints_and_resumes_at_the_
 
 async def test_untrained_count_applies_the_job_builders_test(tmp_path, monkeypatch):
     """The scheduler's count and build_job agree on which signals a job can take: a signal whose
-    turn is gone or has no sampled ids is counted by neither."""
+    turn is gone, has no sampled ids, or none the user received, is counted by neither."""
     from types import SimpleNamespace
 
     from clawd import jobs as data
     from clawd.config import TrainingSettings
 
-    sigs = [SimpleNamespace(turn_id=t, reward=1, hint=None) for t in ("ok", "gone", "empty")]
+    sigs = [SimpleNamespace(turn_id=t, reward=1, hint=None) for t in ("ok", "gone", "empty", "unseen")]
     sigs.append(SimpleNamespace(turn_id="nothing", reward=0, hint=None))
     turns_by_id = {
-        "ok": SimpleNamespace(id="ok", response_ids=[5]),
-        "empty": SimpleNamespace(id="empty", response_ids=[]),  # no sampled ids kept
-        "nothing": SimpleNamespace(id="nothing", response_ids=[5]),
+        "ok": SimpleNamespace(id="ok", response_ids=[5], response_seen=1),
+        "empty": SimpleNamespace(id="empty", response_ids=[], response_seen=0),  # no sampled ids kept
+        "unseen": SimpleNamespace(id="unseen", response_ids=[5, 6], response_seen=0),  # a stop at once
+        "nothing": SimpleNamespace(id="nothing", response_ids=[5], response_seen=1),
     }
 
     async def trainable_ids(db, model=None, exclude=()):

@@ -179,12 +179,23 @@ def m004_turn_tool_calls(conn: sqlite3.Connection) -> None:
     conn.execute("ALTER TABLE turns ADD COLUMN tool_calls_json TEXT")
 
 
+def m005_turn_boundary_and_client(conn: sqlite3.Connection) -> None:
+    # response_seen: how many sampled tokens the user received (the stop string's are not);
+    # samples train on those only. NULL for older turns: clawd/jobs.py derives it from the text.
+    conn.execute("ALTER TABLE turns ADD COLUMN response_seen INTEGER")
+    # client_key: a hash of (token, User-Agent, remote address), so an identical request from
+    # another client is never read as this client's regenerate (clawd/sessions.py).
+    conn.execute("ALTER TABLE turns ADD COLUMN client_key TEXT")
+    conn.execute("CREATE INDEX turns_request_hash_client ON turns(request_hash, client_key)")
+
+
 # Append only. The number in each name is its id and must equal its 1-based position.
 MIGRATIONS: list[Migration] = [
     m001_initial,
     m002_feedback_and_signals,
     m003_adapters,
     m004_turn_tool_calls,
+    m005_turn_boundary_and_client,
 ]
 
 _NAME = re.compile(r"^m(\d{3})_\w+$")

@@ -25,7 +25,7 @@ from clawd.store.db import Database
 TURN_TYPES = ("main", "side")
 # How the session id was obtained: X-Session-Id header, body field, message-prefix
 # match, or a fresh session.
-SESSION_SOURCES = ("header", "body", "prefix", "regenerate", "new")
+SESSION_SOURCES = ("header", "body", "prefix", "regenerate", "retry", "new")
 
 
 @dataclass(eq=False)
@@ -40,7 +40,7 @@ class TurnRecord:
     continuation_hash: str
     prompt_text: str
     prompt_ids: list[int]
-    response_ids: list[int]  # the sampled tokens
+    response_ids: list[int]  # the sampled tokens, exactly (a stop string's tokens included)
     response_logprobs: np.ndarray  # float32, one per response token
     response_text: str
     finish_reason: str
@@ -54,6 +54,10 @@ class TurnRecord:
     client: str | None = None
     created_at: float = field(default_factory=time.time)
     tool_calls: list[dict] = field(default_factory=list)  # parsed from response_text; [] = none
+    # How many of response_ids the user received (sessions/chat: stops.tokens_received): samples
+    # train on these only. None = a turn recorded before clawd counted them (jobs derives it).
+    response_seen: int | None = None
+    client_key: str | None = None  # who asked (sessions.client_key): a regenerate is the same client's
 
     def __post_init__(self) -> None:
         # Normalise so a record compares equal to itself after a round trip.
@@ -99,6 +103,8 @@ _COLUMNS = (
     "requery_of",
     "client",
     "tool_calls_json",
+    "response_seen",
+    "client_key",
 )
 _SELECT = f"SELECT {', '.join(_COLUMNS)} FROM turns"
 _INSERT = f"INSERT INTO turns ({', '.join(_COLUMNS)}) VALUES ({', '.join('?' * len(_COLUMNS))})"
@@ -141,6 +147,8 @@ def _to_row(rec: TurnRecord) -> tuple:
         "requery_of": rec.requery_of,
         "client": rec.client,
         "tool_calls_json": _dumps(rec.tool_calls) if rec.tool_calls else None,
+        "response_seen": rec.response_seen,
+        "client_key": rec.client_key,
     }
     return tuple(values[c] for c in _COLUMNS)
 
@@ -171,7 +179,14 @@ def from_row(r: Any) -> TurnRecord:
         requery_of=r["requery_of"],
         client=r["client"],
         tool_calls=json.loads(r["tool_calls_json"] or "[]") if "tool_calls_json" in r.keys() else [],
+        response_seen=_optional(r, "response_seen"),
+        client_key=_optional(r, "client_key"),
     )
+
+
+def _optional(r: Any, key: str) -> Any:
+    """A column added by a later migration: absent from a reader's older copy of the database."""
+    return r[key] if key in r.keys() else None
 
 
 # --- writes -------------------------------------------------------------------------
@@ -293,6 +308,23 @@ async def find_by_continuation_hash(db: Database, h: str) -> TurnRecord | None:
     """Newest turn whose (request messages + response) hash is `h`: the turn a new
     request continues, for prefix session inference."""
     return await _one(db, f"{_SELECT} WHERE continuation_hash = ? {_NEWEST} LIMIT 1", (h,))
+
+
+async def find_repeat(
+    db: Database, h: str, *, since: float, session_id: str | None, client_key: str | None
+) -> TurnRecord | None:
+    """The newest turn since `since` whose request hash is `h`, in the same conversation: in
+    session `session_id` when the client names one, else from the same client (`client_key`;
+    NULL matches NULL, a turn recorded before clients were told apart) in a session it did not
+    name either."""
+    if session_id is not None:
+        where, args = "session_id = ?", (session_id,)
+    else:
+        where = "client_key IS ? AND session_id IN (SELECT id FROM sessions WHERE source NOT IN ('header', 'body'))"
+        args = (client_key,)
+    return await _one(
+        db, f"{_SELECT} WHERE request_hash = ? AND created_at >= ? AND {where} {_NEWEST} LIMIT 1", (h, since, *args)
+    )
 
 
 async def find_by_request_hash(db: Database, h: str) -> TurnRecord | None:

@@ -32,6 +32,17 @@ class Sample:
 
 
 @dataclass
+class TurnEnd:
+    """How the served model's turns end, for the gate's turn-end check (training/evaluate.py):
+    greedy canary answers end at an end-of-turn token or at one of `stops`, and none may show
+    any of `markers` (template text: role markers, the transcript preamble)."""
+
+    stops: list[str] = field(default_factory=list)
+    markers: list[str] = field(default_factory=list)
+    max_tokens: int = 32  # a canary answer is one short sentence: this is room enough to end
+
+
+@dataclass
 class Job:
     id: str
     model_path: str
@@ -44,6 +55,7 @@ class Job:
     parent_path: str | None = None
     created_at: float = field(default_factory=time.time)
     top_k: int = DEFAULT_TOP_K  # mining.top_k: the student's top-k per position for OPD (METHOD §4)
+    turn_end: TurnEnd | None = None  # None: a job file written before the gate checked turn ends
 
     @property
     def settings(self) -> TrainingSettings:
@@ -60,4 +72,6 @@ def read_job(path: Path) -> Job:
     d = json.loads(Path(path).read_text(encoding="utf-8"))
     for part in ("train", "holdout", "canary"):
         d[part] = [Sample(**s) for s in d[part]]
+    if d.get("turn_end") is not None:
+        d["turn_end"] = TurnEnd(**d["turn_end"])
     return Job(**d)

@@ -8,6 +8,8 @@ TrainingSettings, and promotion itself is clawd/adapters.py's job.
   RL part r · mean_i (ℓ_cand(a_i) − ℓ_active(a_i)); OPD part mean_i Σ_v A_v (ℓ_cand(v) −
   ℓ_active(v)), with A_v exactly the loss's advantage (teacher-minus-old, clipped, weighted).
 - Forgetting: mean per-token KL(candidate ‖ base) over the canary answers.
+- Turn ends: greedy canary answers, parent vs candidate, must end as often (within
+  END_RATE_TOLERANCE) and show no template text the parent did not.
 - Probe: per-token Δ log-prob (candidate − base) on one sample, so the daemon can check the
   adapter llama.cpp serves moves the same tokens the same way (live check).
 """
@@ -20,7 +22,7 @@ import mlx.core as mx
 import numpy as np
 from mlx.utils import tree_flatten, tree_unflatten
 
-from clawd.training.data import Sample
+from clawd.training.data import Sample, TurnEnd
 from clawd.training.loss import positions, response_logprobs
 
 
@@ -170,3 +172,82 @@ def probe(lm, s: Sample, max_response: int = 64) -> dict:
     with base_model(lm.model):
         base = np.array(response_logprobs(lm, ids, n_prompt, at))[:, 0]
     return {"prompt_ids": s.prompt_ids, "response_ids": s.response_ids, "delta": (cand - base).tolist()}
+
+
+# The gate's turn-end check: an adapter may change what the model says, never how its turns
+# end. Training on the stop string's tokens with r = −1 once cut the demo model's chance of
+# ending its turn after the answer from 85% to 28%, and every answer then ran on into the
+# transcript's preamble; the direction and KL checks both passed it. 5 points: on the 4
+# canaries, any single answer that now ends differently is refused.
+END_RATE_TOLERANCE = 0.05
+
+
+def greedy_answer(lm, prompt_ids: list[int], turn_end: TurnEnd) -> tuple[str, bool]:
+    """The greedy answer (text before any stop) and whether the turn ended within
+    turn_end.max_tokens, at an end-of-turn token or a stop string."""
+    from mlx_lm.models.cache import make_prompt_cache
+
+    cache = make_prompt_cache(lm.model)
+    end_ids = lm.tokenizer.eos_ids
+    out: list[int] = []
+    step = mx.array(prompt_ids, dtype=mx.int32)[None]
+    for _ in range(turn_end.max_tokens):
+        tok = int(mx.argmax(lm.model(step, cache=cache)[0, -1]).item())
+        if tok in end_ids:
+            return lm.tokenizer.decode(out), True
+        out.append(tok)
+        text = lm.tokenizer.decode(out)
+        hit = min((i for i in (text.find(s) for s in turn_end.stops if s) if i >= 0), default=-1)
+        if hit >= 0:
+            return text[:hit], True
+        step = mx.array([[tok]], dtype=mx.int32)
+    return lm.tokenizer.decode(out), False
+
+
+def turn_end_check(lm, canary: list[Sample], parent: dict, candidate: dict, turn_end: TurnEnd) -> dict:
+    """Greedy canary answers under the parent and the candidate: end-of-turn rates, and template
+    text the candidate shows where the parent did not (a parent that already leaks on a prompt
+    does not hold every later adapter back). Leaves the candidate's weights in place."""
+    answers = {}
+    for name, params in (("parent", parent), ("candidate", candidate)):
+        set_lora_params(lm.model, params)
+        answers[name] = [greedy_answer(lm, s.prompt_ids, turn_end) for s in canary]
+    set_lora_params(lm.model, candidate)
+
+    def rate(rows):
+        return sum(ended for _, ended in rows) / len(rows) if rows else 0.0
+
+    def shown(text: str) -> list[str]:
+        return [m for m in turn_end.markers if m and m in text]
+
+    leaks = [
+        {"canary": i, "markers": new, "answer": cand[:120]}
+        for i, ((par, _), (cand, _)) in enumerate(zip(answers["parent"], answers["candidate"]))
+        if (new := [m for m in shown(cand) if m not in shown(par)])
+    ]
+    return {
+        "end_rate_parent": rate(answers["parent"]),
+        "end_rate": rate(answers["candidate"]),
+        "leaks": leaks,
+        "answers": [a for a, _ in answers["candidate"]],
+    }
+
+
+def refusals(gate: dict, kl_bound: float) -> list[str]:
+    """Why the gate refuses the candidate (empty: it passes), in words for the CLI and TUI."""
+    out = []
+    if gate.get("gain") is None or gate["gain"] <= 0:
+        out.append("it does not move held-out signals the way they ask (gain ≤ 0)")
+    if gate.get("kl_to_base", 0.0) > kl_bound:
+        out.append(f"it drifts from the base model on the canaries (KL {gate['kl_to_base']:.4f} > {kl_bound})")
+    end = gate.get("turn_end")
+    if end:
+        if abs(end["end_rate"] - end["end_rate_parent"]) > END_RATE_TOLERANCE:
+            out.append(
+                f"it changes how turns end (greedy canary answers that end: {end['end_rate']:.0%}, "
+                f"parent {end['end_rate_parent']:.0%})"
+            )
+        if end["leaks"]:
+            shown = sorted({m for leak in end["leaks"] for m in leak["markers"]})
+            out.append(f"its canary answers show template text ({', '.join(repr(m) for m in shown)})")
+    return out

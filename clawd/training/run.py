@@ -363,7 +363,12 @@ def run(job_dir: Path, cache_dir: Path, out_dir: Path, *, stock_blas: bool = Fal
     if stop.requested:  # direction() leaves the candidate's weights in place
         return stopped(len(plan))
     gate.update(judged_on=judged_on, kl_to_base=evaluate.kl_to_base(lm, job.canary), kl_bound=cfg.kl_bound)
-    gate["passed"] = bool(gate["gain"] is not None and gate["gain"] > 0 and gate["kl_to_base"] <= cfg.kl_bound)
+    if stop.requested:
+        return stopped(len(plan))
+    if job.turn_end is not None and job.canary:
+        gate["turn_end"] = evaluate.turn_end_check(lm, job.canary, active, candidate, job.turn_end)
+    gate["refused"] = evaluate.refusals(gate, cfg.kl_bound)
+    gate["passed"] = not gate["refused"]
     probe = evaluate.probe(lm, job.train[0] if job.train else job.canary[0])
     if stop.requested:
         return stopped(len(plan))

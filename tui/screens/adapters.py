@@ -55,10 +55,15 @@ def adapter_info(a: dict) -> Text:
             ", ".join(
                 f"{k} {v:+.4f}" if isinstance(v, float) else f"{k} {v}"
                 for k, v in gate.items()
-                if not isinstance(v, dict)
+                if not isinstance(v, (dict, list))  # refusals are in the note; turn ends below
             )
         )
         t.append("\n")
+        end = gate.get("turn_end")
+        if isinstance(end, dict):
+            t.append("turn ends: ", style="bold")
+            t.append(f"{end.get('end_rate', 0):.0%} of canary answers end (parent {end.get('end_rate_parent', 0):.0%})")
+            t.append(f", template text in {len(end.get('leaks') or [])}\n")
     return t
 
 
