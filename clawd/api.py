@@ -577,6 +577,7 @@ async def compare_adapter(adapter_id: str, state: State, n: int = 3, max_tokens:
 @adapters.post(
     "/{adapter_id}/export",
     response_model=ExportResult,
+    response_model_exclude_none=True,  # mlx_model and command only where there are some
     responses={
         409: guard.RESPONSES[400] | {"description": "An export of that name exists (send force: true to overwrite)"}
     },

@@ -10,6 +10,7 @@ import pytest
 
 from clawd.engines.fake import Engine as FakeEngine
 from clawd.store import turns
+from tests.conftest import AUTH
 from tests.test_miner import CHAT, MODEL, Convo, api_signals, mine, mining_daemon, stored_turn, wait_for
 
 HELLO = [{"role": "user", "content": "Say hello"}]
@@ -17,7 +18,7 @@ HELLO = [{"role": "user", "content": "Say hello"}]
 
 @pytest.fixture
 def http():
-    with httpx.Client(timeout=30) as c:
+    with httpx.Client(timeout=30, headers=AUTH) as c:
         yield c
 
 
@@ -67,7 +68,7 @@ def test_a_same_session_repeat_is_still_a_regenerate(md, http):
 
 def test_a_retry_after_a_disconnect_is_no_regenerate(md, http):
     # The client goes away mid-answer (a timeout, a dropped connection), then sends it again.
-    with httpx.Client(timeout=30) as gone:
+    with httpx.Client(timeout=30, headers=AUTH) as gone:
         with gone.stream(
             "POST", md.url + CHAT, json={"model": MODEL, "messages": HELLO, "stream": True, "max_tokens": 200}
         ) as r:
