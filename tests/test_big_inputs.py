@@ -20,7 +20,7 @@ import httpx
 import pytest
 
 from clawd.engines import fake
-from tests.conftest import ROOT, make_env, start_daemon
+from tests.conftest import AUTH, ROOT, give_token, make_env, start_daemon
 
 MB = 1024 * 1024
 
@@ -28,6 +28,7 @@ MB = 1024 * 1024
 @pytest.fixture
 def big_daemon(clawd_home):
     """A daemon in its own process whose tokenizer is as slow as llama.cpp's on a long prompt."""
+    give_token(clawd_home)  # the daemon keeps the token file it finds: tests send TEST_TOKEN
     proc = subprocess.Popen(
         [sys.executable, "-m", "tests.slow_tokenizer_daemon"],
         cwd=ROOT,
@@ -55,6 +56,7 @@ def raw_post(url: str, path: str, *, length: int | None, body_size: int, timeout
     u = urlparse(url)
     sock = socket.create_connection((u.hostname, u.port), timeout=timeout)
     head = f"POST {path} HTTP/1.1\r\nHost: {u.hostname}:{u.port}\r\nContent-Type: application/json\r\n"
+    head += "".join(f"{k}: {v}\r\n" for k, v in AUTH.items())
     head += f"Content-Length: {length}\r\n" if length is not None else "Transfer-Encoding: chunked\r\n"
     t0 = time.perf_counter()
     sock.sendall((head + "\r\n").encode())
@@ -202,7 +204,7 @@ def test_health_answers_within_100ms_while_a_big_prompt_is_tokenized_and_50mb_ar
     results: dict = {}
 
     def big_prompt():
-        with httpx.Client(base_url=url, timeout=60) as c:
+        with httpx.Client(base_url=url, timeout=60, headers=AUTH) as c:
             r = c.post(
                 "/v1/chat/completions",
                 json={"model": "fake-model", "messages": [{"role": "user", "content": content}], "max_tokens": 4},

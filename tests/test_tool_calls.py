@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import time
 
-import httpx
 import numpy as np
 import openai
 import pytest
@@ -25,7 +24,7 @@ from clawd.tool_calls import formats
 from clawd.tool_calls.parsers import BareJsonParser, Call, Content, Delta, PlainParser, TaggedJsonParser
 from clawd.tool_calls.plan import plan
 from clawd.tool_calls.schema_check import schema_errors
-from tests.conftest import start_daemon
+from tests.conftest import TEST_TOKEN, authed, start_daemon
 from tests.tiny_models import build_tiny_gguf
 
 # A Qwen2.5-style template (ChatML; tools in the system turn; calls in <tool_call> tags;
@@ -379,7 +378,7 @@ def qwen_daemon(clawd_home, qwen_gguf):
 
 
 def sdk(d) -> openai.OpenAI:
-    return openai.OpenAI(base_url=d.url + "/v1", api_key="unused", max_retries=0)
+    return openai.OpenAI(base_url=d.url + "/v1", api_key=TEST_TOKEN, max_retries=0)
 
 
 def check_calls(calls, names=None):
@@ -520,7 +519,7 @@ def test_a_tool_call_turn_is_logged_as_sampled_and_its_tool_result_is_mined(qwen
     assert rec.finish_reason == "tool_calls"
     assert rec.tool_calls == [c.model_dump() for c in msg.tool_calls]
     assert "<tool_call>" in rec.response_text and rec.sampling["grammar"].startswith("root ::=")
-    shown = httpx.get(f"{d.url}/clawd/turns/{turn_id}").json()
+    shown = authed.get(f"{d.url}/clawd/turns/{turn_id}").json()
     assert shown["tool_calls"] == rec.tool_calls and shown["finish_reason"] == "tool_calls"
     # The stored ids are what was sampled under the grammar: they replay to the logged text
     # (the end token has no text), and their stored log-probs are the model's own: a re-score agrees.

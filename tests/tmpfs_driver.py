@@ -28,6 +28,9 @@ from pathlib import Path
 
 import httpx
 
+from clawd.client import daemon_token
+from clawd.paths import resolve_paths
+
 ROOT = Path(__file__).resolve().parent.parent
 TMPFS_MB = 6
 LEAVE_FREE_KB = 2048  # room for some turns, then the disk is full
@@ -67,7 +70,9 @@ def main(work: Path) -> int:
     try:
         url = _wait_url(proc, log)
         threading.Thread(target=lambda: log.extend(proc.stdout), daemon=True).start()
-        report = _exercise(url, mnt)
+        # The token the daemon made in its home, sent as the CLI sends it: loopback needs it too.
+        auth = {"Authorization": f"Bearer {daemon_token(resolve_paths(env))}"}
+        report = _exercise(url, mnt, auth)
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
@@ -103,7 +108,7 @@ def _fill(mnt: Path) -> Path:
     return filler
 
 
-def _one_client(url: str, i: int) -> dict:
+def _one_client(url: str, i: int, auth: dict[str, str]) -> dict:
     """One turn; `acknowledged`: the client saw it finish (a finish chunk, or a 200)."""
     body = {
         "model": "fake-model",
@@ -111,7 +116,7 @@ def _one_client(url: str, i: int) -> dict:
         "max_tokens": 16,
         "stream": i % 2 == 0,
     }
-    with httpx.Client(base_url=url, timeout=60) as c:
+    with httpx.Client(base_url=url, timeout=60, headers=auth) as c:
         if not body["stream"]:
             r = c.post("/v1/chat/completions", json=body)
             turn = r.json().get("id") if r.status_code == 200 else None
@@ -130,11 +135,11 @@ def _one_client(url: str, i: int) -> dict:
         return {"i": i, "status": r.status_code, "acknowledged": finished, "turn": turn, "error": error}
 
 
-def _exercise(url: str, mnt: Path) -> dict:
+def _exercise(url: str, mnt: Path, auth: dict[str, str]) -> dict:
     filler = _fill(mnt)
     with ThreadPoolExecutor(AT_ONCE) as pool:
-        results = list(pool.map(lambda i: _one_client(url, i), range(CLIENTS)))
-    c = httpx.Client(base_url=url, timeout=30)
+        results = list(pool.map(lambda i: _one_client(url, i, auth), range(CLIENTS)))
+    c = httpx.Client(base_url=url, timeout=30, headers=auth)
     acknowledged = [r for r in results if r["acknowledged"]]
     missing = [r["turn"] for r in acknowledged if c.get(f"/clawd/turns/{r['turn']}").status_code != 200]
     health = c.get("/clawd/health").json()
@@ -145,7 +150,7 @@ def _exercise(url: str, mnt: Path) -> dict:
             recovered = True
             break
         time.sleep(0.1)
-    after = _one_client(url, 1)  # a non-streamed one
+    after = _one_client(url, 1, auth)  # a non-streamed one
     logged = after["acknowledged"] and c.get(f"/clawd/turns/{after['turn']}").status_code == 200
     return {
         "clients": len(results),
