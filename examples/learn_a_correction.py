@@ -32,6 +32,9 @@ from pathlib import Path
 
 import httpx
 
+from clawd.client import daemon_token
+from clawd.paths import resolve_paths
+
 ROOT = Path(__file__).resolve().parent.parent
 TRAIN = [
     ("France", "Paris"),
@@ -184,7 +187,9 @@ def main() -> int:
     proc, url = start_daemon(home)
     result: dict = {"home": str(home)}
     try:
-        with httpx.Client(base_url=url, timeout=600) as c:  # loopback needs no token by default
+        # The API wants the daemon's token from loopback too; it wrote it in its home on start-up.
+        token = daemon_token(resolve_paths({"CLAWD_HOME": str(home)}))
+        with httpx.Client(base_url=url, timeout=600, headers={"Authorization": f"Bearer {token}"}) as c:
             say(quiet, f"1. teaching {len(TRAIN)} corrections")
             teach(c, quiet)
             result["signals"] = wait_signals(c, len(TRAIN))
