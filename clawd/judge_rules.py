@@ -37,6 +37,12 @@ NEUTRAL = _rx(
     r"\bno complaints\b",
     r"\bno longer\b",
     r"\bno (errors?|issues?|bugs?|problems?)\b",
+    # owning up to one's own mistake is thanks, not a complaint
+    r"\b(i|we) (always|often|keep|usually|made|make|making)( making)?( this| that| the same| a)? mistakes?\b",
+    r"\bmy (mistake|bad|typo)\b",
+    r"\bhow exactly\b",
+    # asking how to say something in a language is a new request, not a language complaint
+    r"\bhow (do (i|you) |to |would (i|you) |can i )?(say|write|spell|translate)\b.*",
 )
 
 STRONG = _rx(
@@ -72,13 +78,13 @@ STRONG = _rx(
     r"\bread (my|the) (question|message|request) again\b",
     r"\b(you )?(misunderstood|misread|misunderstand)\b",
     # redo
-    r"\b(rewrite|reword|rephrase|redo|re-do|regenerate|retry|start over|try again|do it again"
+    r"\b(rewrite|reword|rephrase|reformat|redo|re-do|regenerate|retry|start over|try again|do it again"
     r"|do that again|one more time)\b",
     r"\bgive it another (try|shot|go)\b",
     r"\banother (try|attempt)\b",
     # it does not work
     r"\b(doesn'?t|does not|didn'?t|did not|won'?t|will not|isn'?t|is not|wasn'?t|can'?t|cannot)"
-    r" (work|compile|run|build|help|answer|load|start|fix|solve|make sense|exist|match"
+    r" (work|compile|run|build|help|answer|load|start|fix|solve|make sense|exist|match|render|display|show up"
     r"|look right|seem right|seem correct|do what)\b",
     r"\bnot working\b",
     r"\b(it|this|that|the code|the script|the app|the test|the tests|tests|the build"
@@ -137,19 +143,77 @@ STRONG = _rx(
     r"\bi (don'?t|do not) (like|want|need)\b",
     r"\bi (hate|dislike)\b",
     r"👎|😡|🙄|😤",
+    # "thanks, but ..." is a reservation that asks for a change, unless the user just moves on
+    r"^\W*((hmm+|ok|okay|well)\W+)?(thanks|thank you|thx|ty)\W*(but|though|however)\b"
+    r"(?!\W+(actually|i'?ll|i will|i'?m|i am|i won'?t|we'?ll|i ended|i think i'?ll))",
+    # a standing preference: it names the future
+    r"\b(next time|from now on|in (the )?future|going forward|every time)\b",
+    r"\bstay in (character|role)\b",
+    r"\b(up ?front|at the (top|start|beginning))\b[^.!?]{0,20}$|\bput [^.!?]{0,30}\b(up ?front|first|at the (top|start))\b",
+    r"\blead with\b",
+    r"\bsign (it|off|them|the \w+)\b",
+    r"(^|[.!?]\s*)stop\b",
+    r"\b(stop|quit) \w+ing\b",
+    r"\balready (did|tried|done|have|said|told)\b",
+    r"\byou (don'?t|do not) (need|have) to\b",
+    r"\bdo you (really|seriously) think\b",
+    r"\b(old|outdated|out of date|out-of-date|stale) (information|info|data|numbers|figures)\b",
+    r"\b(that'?s|that is|it'?s|this is) (off|way off|not it)\b",
+    r"\bcorrect (it|that|this|them)\b",
+    r"\bwrite (it |them |my \w+ )?correct(ly)?\b",
+    r"\b(please|pls) no \w+",
+    r"\b(please|pls),? (a (bit|little|lot) )?(more|less) \w+",
+    r"\bsomething (a (bit|little|lot) )?(more|less) \w+",
+    r"\b(is|it'?s|that'?s|was|far|way|bit|little|much|are|sounds?|reads?|looks?|seems?) too \w+",
+    r"\bexcept (that|it|this|the|you)\b",
+    r"\bnow it (reads|sounds|looks|feels) like\b",
+    r"^\W*not (in|as|like|the|a|an|by)\b",
+    r"\bbe (a (bit|little|lot) |much |way )?\w{3,}er\b(?<!\bbetter)(?<!\bever)(?<!\bover)",
+    # sarcasm markers: praise that means the opposite
+    r"^\W*(ah|oh) (yes|sure|great|right|wonderful)\b",
+    r"\bfamous(ly)?\b[^.!?]{0,40}\b(known as|measured|format)\b|\bfamously\b",
+    r"\bvery \w+ of you\b",
+    r"\bwhat year is it\b",
+    r"\b(a|the) whole (lecture|essay|novel|book|speech|sermon|saga)\b",
+    r"\ball i (needed|wanted|asked for|asked) (was|is)\b",
+    r"^\W*sure,? if you\b",
 )
 
+
 # A leading "no" is a correction, unless it answers the assistant's own question.
-_NO_LEAD = re.compile(r"^\W*(no|nope|nah|nop)\b")
+_NO_LEAD = re.compile(r"^\W*((hmm+|uh+|um+|ugh+|well|erm|sorry)\W+)?(no|nope|nah|nop)\b")
 WEAK = _rx(
     r"^\W*actually\b",
-    r"\bare you sure\b",
     r"^\W*i mean\b",
     r"\b(remove|delete|drop|cut|lose|skip) (the|all|those|these|that|this|it|them|your)\b",
     r"^\W*(ugh+|meh)\b",
+    # a polite request to change what was just given ("could you flip it", "can you use British spelling")
+    r"\b(could|can|would) you (please |pls )?(also |just |maybe )?(give|write|make|put|flip|reverse|sort|order|format"
+    r"|convert|translate|redo|shorten|change|list|show|split|move|turn|do|present|send|keep|use|lead|add|be|drop"
+    r"|remove|calculate|check|stick|spell|switch|answer|respond|reply|go)\b"
+    r"(?=[^.!?]*\b(it|that|this|them|those|these|the same|your|instead|in|as|with|to)\b)",
+    # a language asked for by name, also in that language ("en español", "em português")
+    r"\b(in|en|em|auf|into) (english|spanish|español|espanol|french|français|francais|anglais|italian|italiano"
+    r"|german|deutsch|portuguese|português|portugues|dutch|japanese|chinese|russian|polish|korean|arabic|hindi"
+    r"|turkish|swedish|greek)\b",
+    # "<the fix>, please": a bare noun phrase asked for politely ("Italian, please." "snake_case pls")
+    r"(^|[.!?]\s+)(?!(write|tell|help|explain|what|how|why|who|when|where|which|can|could|and|now|next)\b)"
+    r"[^.!?,\s]+( [^.!?,\s]+){0,3},? (please|pls|plz|por favor)\W*$",
+    r"\b(please|pls) (in|with|as|first|use|no|write|put|add|keep)\b",
+    r"(^|[.!?]\s*)(just|only) (give|check|use|tell|do|answer|say|show|calculate|write|the|list)\b",
+    r"\b(can|could) you just\b",
+    r"^\W*why (are|did|do|would|is|does) you\b",
+    r"\bkeep (it|them|the \w+|your \w+)\b(?! up\b)",
+    r"\bput (the|it|that|this|them) [^.!?]{0,20}\b(in|into|at|on)\b",
+    r"\b(at|in) the end\b",
+    r"\badd (that|this|it|them|the)\b",
+    r"\bwe (spell|write|say|use|call)\b",
+    r"\bsomething else\b",
+    r"\bi (believe|think) (it|that|the \w+)( \w+)? (was|is|were|are)\b",
 )
 
-HOLD = _rx(r"\bnever ?mind\b", r"\bforget (it|that)\b")
+# "are you sure?" challenges the answer without saying it is wrong: often the user just checks.
+HOLD = _rx(r"\bnever ?mind\b", r"\bforget (it|that)\b", r"\bare you sure\b")
 
 APPROVAL = _rx(
     r"\b(thanks|thank (you|u)|thx|thnx|tysm|ty|cheers|ta|much appreciated|appreciate (it|that|this|the help|you))\b",
@@ -172,6 +236,11 @@ APPROVAL = _rx(
     r"^\W*(good|very good|all good|not bad)\b",
     r"\bthat'?s (good|fine|better|much better)\b",
     r"\bnot bad\b",
+    r"^\W*works\b|\b(formula|code|script|query|fix|command|it|that|this) works\b",
+    r"\b(loved|liked|enjoyed) it\b",
+    r"\bimpressed\b",
+    r"^\W*(yep|yup|yes|yeah)\b",
+    r"\bis good\b",
     r"👍|🙏|👌|🎉|❤️|❤|😊|🙂|😀|😄|💯|🔥|🥳|✅",
 )
 
@@ -209,6 +278,15 @@ TOOL_ERROR = _rx(
     r"(?i)\"?status(_code)?\"?\s*[:=]\s*(4\d\d|5\d\d)\b",
     r"(?i)\"(is_)?error\"\s*:\s*(true|\"[^\"]+\"|\{)",
     r"(?i)\"status\"\s*:\s*\"(error|failed|failure)\"",
+)
+
+# Failures on the server's side, not the call's: the response did nothing wrong (0, undecided).
+TOOL_TRANSIENT = _rx(
+    r"(?i)\b(connection|request|read|gateway|upstream) (timed out|timeout)\b",
+    r"(?i)\b(host|server) (did not|didn'?t) respond\b",
+    r"(?i)\b(service|temporarily) unavailable\b|\bbad gateway\b|\bgateway timeout\b",
+    r"(?i)\"?status(_code)?\"?\s*[:=]\s*(502|503|504)\b|\bhttp(/[\d.]+)? (502|503|504)\b",
+    r"(?i)\b(retry|try again) later\b|\bupstream (provider|server|service) (is )?down\b",
 )
 
 _FENCE = re.compile(r"```.*?(```|$)", re.DOTALL)
@@ -312,7 +390,9 @@ class RulesJudge:
     def _score(self, inp: JudgeInput) -> int | None:
         if inp.next_role == "tool":
             text = _blank(inp.next_state, TOOL_NEUTRAL)
-            return -1 if any(p.search(text) for p in TOOL_ERROR) else 1
+            if not any(p.search(text) for p in TOOL_ERROR):
+                return 1
+            return None if any(p.search(text) for p in TOOL_TRANSIENT) else -1
         if inp.next_role != "user" or not inp.next_state.strip():
             return None
         cues = self._cues(_normalise(inp.next_state), inp.response)
