@@ -38,7 +38,7 @@ NEUTRAL = _rx(
     r"\bno longer\b",
     r"\bno (errors?|issues?|bugs?|problems?)\b",
     # owning up to one's own mistake is thanks, not a complaint
-    r"\b(i|we) (always|often|keep|usually|made|make|making)( making)?( this| that| the same| a)? mistakes?\b",
+    r"\b(i|we) (always |often |keep |usually |sometimes )?(made|make|making)( this| that| the same| a)? mistakes?\b",
     r"\bmy (mistake|bad|typo)\b",
     r"\bhow exactly\b",
     # asking how to say something in a language is a new request, not a language complaint
@@ -153,8 +153,8 @@ STRONG = _rx(
     r"\blead with\b",
     r"\bsign (it|off|them|the \w+)\b",
     r"(^|[.!?]\s*)stop\b",
-    r"\b(stop|quit) \w+ing\b",
-    r"\balready (did|tried|done|have|said|told)\b",
+    r"(^|[.!?,;]\s*|\b(please|pls|just|can|could|and|so|now)\s+)(stop|quit) \w+ing\b",
+    r"(^|[.!?,;]\s*|\b(i|we|i'?ve|we'?ve) )already (did|tried|done|have|said|told)\b",
     r"\byou (don'?t|do not) (need|have) to\b",
     r"\bdo you (really|seriously) think\b",
     r"\b(old|outdated|out of date|out-of-date|stale) (information|info|data|numbers|figures)\b",
@@ -192,6 +192,8 @@ WEAK = _rx(
     r"|convert|translate|redo|shorten|change|list|show|split|move|turn|do|present|send|keep|use|lead|add|be|drop"
     r"|remove|calculate|check|stick|spell|switch|answer|respond|reply|go)\b"
     r"(?=[^.!?]*\b(it|that|this|them|those|these|the same|your|instead|in|as|with|to)\b)",
+    r"\b(could|can|would) you (please |pls )?(also |just |maybe )?(use|lead|keep|stick|switch|spell|be|drop|remove)\b",
+    r"\b(could|can|would) you (please |pls )?add [^.!?]{1,40}\b(please|pls)\b",
     # a language asked for by name, also in that language ("en español", "em português")
     r"\b(in|en|em|auf|into) (english|spanish|español|espanol|french|français|francais|anglais|italian|italiano"
     r"|german|deutsch|portuguese|português|portugues|dutch|japanese|chinese|russian|polish|korean|arabic|hindi"
@@ -207,7 +209,7 @@ WEAK = _rx(
     r"\bput (the|it|that|this|them) [^.!?]{0,20}\b(in|into|at|on)\b",
     r"\b(at|in) the end\b",
     r"\badd (that|this|it|them|the)\b",
-    r"\bwe (spell|write|say|use|call)\b",
+    r"(^|[.!?]\s*)we (spell|write|say|use|call|always)\b",
     r"\bsomething else\b",
     r"\bi (believe|think) (it|that|the \w+)( \w+)? (was|is|were|are)\b",
 )
@@ -221,7 +223,7 @@ APPROVAL = _rx(
     r"|lovely|exactly|outstanding|beautiful|impressive|helpful|lifesaver|legend|genius)\b",
     r"\b(that|this|it) (works|worked|did it|did the trick|fixed it|helps|helped|solved it|is correct"
     r"|was correct|is right|was right)\b",
-    r"\bworks (now|great|perfectly|fine|well|like a charm)\b",
+    r"\bworks (now|great|perfectly|fine|well|nicely|like a charm)\b",
     r"\b(that'?s|that is|you'?re|you are) (right|correct|spot on|it exactly)\b",
     r"\bspot on\b",
     r"\bnailed it\b",
@@ -240,12 +242,14 @@ APPROVAL = _rx(
     r"\b(loved|liked|enjoyed) it\b",
     r"\bimpressed\b",
     r"^\W*(yep|yup|yes|yeah)\b",
-    r"\bis good\b",
+    r"\bis good\b(?!\s+\w)",
     r"👍|🙏|👌|🎉|❤️|❤|😊|🙂|😀|😄|💯|🔥|🥳|✅",
 )
 
 # Approval followed by "but" is a reservation, not a verdict.
 _RESERVATION = re.compile(r"\b(but|however|though|although|except)\b")
+# "now", "next": the user moves on; a "but" after it qualifies the new request, not the answer.
+_MOVING_ON = re.compile(r"\b(now|next|then)\b")
 _NEGATORS = {"not", "no", "never", "hardly", "barely", "nothing", "far", "nor", "without"}
 
 # Tool results (METHOD §2: a tool error is -1, a success +1). Matched on the original
@@ -417,5 +421,8 @@ class RulesJudge:
         strong = strong or len(kept) < len(approvals)
         weak = any(p.search(text) for p in WEAK) or (bool(_NO_LEAD.search(text)) and not _ends_with_question(response))
         first = min((m.start() for m in kept), default=None)
-        reservation = first is not None and bool(_RESERVATION.search(text, first))
+        reservation = False
+        if first is not None:
+            moving_on = _MOVING_ON.search(text, first)
+            reservation = bool(_RESERVATION.search(text, first, moving_on.start() if moving_on else len(text)))
         return _Cues(strong, weak, any(p.search(text) for p in HOLD), bool(kept), reservation)
