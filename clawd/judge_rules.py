@@ -315,6 +315,60 @@ _FILLER = re.compile(r"^\W*(thanks|thank you|thx|ok|okay|hmm+|ugh+|please|pls|so
 _TRACEBACK = re.compile(r"traceback \(most recent call last\)|^\s*[\w.]*(?:error|exception)\s*:", re.I | re.M)
 
 
+# Hints the teacher can follow (METHOD §3): a correction's request, restated as an instruction.
+# Ordered rewrites of one sentence; each leaves an imperative ("Could you use British
+# spelling?" -> "Use British spelling."), or the sentence is kept only if it already is one.
+_IMPERATIVE_VERBS = frozenset(
+    "use make keep write give put add drop remove stop don't do never always answer reply respond say spell sign "
+    "end start begin lead stay be show list sort order format explain tell translate convert switch change fix "
+    "include skip avoid try check call pass reformat rewrite flip correct mention cut shorten leave move split "
+    "return limit focus stick go count".split()
+)
+_REWRITES = [
+    # "Could you (please) (just) use X?" / "Can you add X" / "Would you ..."
+    (re.compile(r"^(?:could|can|would|will) you (?:please |pls |kindly )?(?:also |just |maybe |now )?(.+?)[?.!]*$", re.I),
+     r"\1"),
+    # "Please X" / "pls X"
+    (re.compile(r"^(?:please|pls|kindly),? (.+)$", re.I), r"\1"),
+    # "you forgot to X" / "you need to X" / "you should X" / "you can stop X"
+    (re.compile(r"^(?:but |and )?you (?:forgot|need|have|ought|were supposed|are supposed|'re supposed) to (.+)$", re.I),
+     r"\1"),
+    (re.compile(r"^(?:but |and )?you (?:should|must|can) (.+)$", re.I), r"\1"),
+    # "you forgot the deadline" -> "Include the deadline."
+    (re.compile(r"^(?:but |and )?you (?:forgot|missed|left out|omitted|skipped) (.+)$", re.I), r"Include \1"),
+    # "it should mention X" -> "Mention X."
+    (re.compile(r"^(?:but |and )?(?:it|this|that|the \w+) (?:should|must|needs to|has to) (.+)$", re.I), r"\1"),
+    # "I need / want / prefer X in Y" -> "Give X in Y."
+    (re.compile(r"^(?:but |and )?i(?:'d| would)? (?:need|want|prefer|like) (?!to\b)(.+)$", re.I), r"Give \1"),
+    (re.compile(r"^(?:but |and )?i(?:'d| would)? (?:need|want|prefer|like) to (?:have |get |see )?(.+)$", re.I),
+     r"Give \1"),
+    # "X, please." with X a bare noun phrase -> "Use X."
+    (re.compile(r"^(.{1,40}?),? (?:please|pls|plz|por favor)[.!]*$", re.I), r"\1"),
+]
+_PLEASE_TAIL = re.compile(r",? (?:please|pls|plz)(?=[.!?]*$)", re.I)
+
+
+def _as_instruction(sentence: str) -> str | None:
+    """The sentence as an instruction, or None when it states no request."""
+    text, m = sentence.strip(), None
+    for pattern, repl in _REWRITES:
+        m = pattern.match(text)
+        if m:
+            text = pattern.sub(repl, text, count=1).strip()
+            break
+    text = _PLEASE_TAIL.sub("", text).rstrip(" ,;")
+    words = _WORD.findall(text.lower())
+    if not words:
+        return None
+    if words[0] not in _IMPERATIVE_VERBS:
+        if not m or m.re is not _REWRITES[-1][0] or len(words) > 6 or words[0] in ("no", "not"):
+            return None
+        text = "Use " + text[0].lower() + text[1:]  # "Italian, please." -> "Use Italian."
+    text = text[0].upper() + text[1:]
+    # a rewritten request ends as a statement; the user's own imperative keeps its punctuation
+    return text + "." if m and not text.endswith((".", "!", ")", "'", '"')) else text
+
+
 def _normalise(text: str) -> str:
     text = text.replace("\u2019", "'").replace("\u2018", "'").lower()
     return re.sub(r"\s+", " ", _FENCE.sub(" ", text)).strip()
@@ -383,7 +437,9 @@ class RulesJudge:
         if len(sentences) > 3:  # keep the sentences that carry the correction
             cued = [s for s in sentences if self._cues(_normalise(s), "").strong]
             sentences = (cued or sentences)[:3]
-        out = " ".join(sentences).strip()
+        # Where the user asked for something, the instruction they carry is the hint.
+        asked = [i for i in (_as_instruction(_LEAD_IN.sub("", s)) for s in sentences) if i]
+        out = " ".join(asked[:3] or sentences).strip()
         if not out:
             return None
         out = out[0].upper() + out[1:]

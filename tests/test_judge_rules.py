@@ -227,9 +227,8 @@ def test_correction_keeps_the_sentences_that_carry_it():
         "And it should mention the landlord's name. Don't sign it with my full name."
     )
     got = J.correction(_inp(EMAIL_REQ, EMAIL_RESP, text, "user"))
-    assert got == (
-        "But you forgot the deadline. And it should mention the landlord's name. Don't sign it with my full name."
-    )
+    # each request restated as an instruction the teacher can follow (METHOD §3)
+    assert got == "Include the deadline. Mention the landlord's name. Don't sign it with my full name."
 
 
 def test_no_correction_from_a_tool_error():
