@@ -316,57 +316,124 @@ _TRACEBACK = re.compile(r"traceback \(most recent call last\)|^\s*[\w.]*(?:error
 
 
 # Hints the teacher can follow (METHOD §3): a correction's request, restated as an instruction.
-# Ordered rewrites of one sentence; each leaves an imperative ("Could you use British
-# spelling?" -> "Use British spelling."), or the sentence is kept only if it already is one.
+# Ordered rewrites of one sentence. A rewrite whose pattern leaves a verb ("could you X",
+# "you forgot to X") is trusted; any other sentence counts only if it starts with a common
+# imperative verb. "Could you use British spelling?" -> "Use British spelling."
 _IMPERATIVE_VERBS = frozenset(
-    "use make keep write give put add drop remove stop don't do never always answer reply respond say spell sign "
+    "use make keep write give put add drop remove stop don't never always answer reply respond say spell sign "
     "end start begin lead stay be show list sort order format explain tell translate convert switch change fix "
     "include skip avoid try check call pass reformat rewrite flip correct mention cut shorten leave move split "
-    "return limit focus stick go count".split()
+    "return limit focus stick go count run swap state reply work search read redo apologize apologise offer "
+    "introduce address call explain describe".split()
 )
-_REWRITES = [
-    # "Could you (please) (just) use X?" / "Can you add X" / "Would you ..."
-    (re.compile(r"^(?:could|can|would|will) you (?:please |pls |kindly )?(?:also |just |maybe |now )?(.+?)[?.!]*$", re.I),
-     r"\1"),
-    # "Please X" / "pls X"
-    (re.compile(r"^(?:please|pls|kindly),? (.+)$", re.I), r"\1"),
-    # "you forgot to X" / "you need to X" / "you should X" / "you can stop X"
-    (re.compile(r"^(?:but |and )?you (?:forgot|need|have|ought|were supposed|are supposed|'re supposed) to (.+)$", re.I),
-     r"\1"),
-    (re.compile(r"^(?:but |and )?you (?:should|must|can) (.+)$", re.I), r"\1"),
+# Words that may come before the verb of an imperative: "please first tell me", "just give".
+_ADVERBS = frozenset("first just only also always then now".split())
+_LANGUAGES = {
+    "español": "Spanish",
+    "espanol": "Spanish",
+    "français": "French",
+    "francais": "French",
+    "português": "Portuguese",
+    "portugues": "Portuguese",
+    "deutsch": "German",
+    "italiano": "Italian",
+}
+_LANGUAGE_ASK = re.compile(
+    r"\b(?:in|en|em|auf)\s+(español|espanol|français|francais|português|portugues|deutsch|italiano"
+    r"|english|spanish|french|italian|german|portuguese|dutch|japanese|chinese|russian|polish|korean|arabic"
+    r"|hindi|turkish|swedish|greek)\b",
+    re.I,
+)
+_YOU = r"^(?:but |and |so )?you(?:'ve)? "
+
+
+def _lower_first(m: re.Match) -> str:
+    return m.group(1)[0].lower() + m.group(1)[1:]
+
+
+_REWRITES = [  # each leaves a request that starts with a verb
+    (
+        re.compile(
+            r"^(?:could|can|would|will|should|shouldn't|why don't) you (?:please |pls |kindly )?(?:also |maybe |now )?"
+            r"(.+?)[?.!]*$",
+            re.I,
+        ),
+        r"\1",
+    ),
+    (re.compile(_YOU + r"(?:forgot|need|have|ought|were supposed|are supposed) to (.+)$", re.I), r"\1"),
+    (re.compile(r"^(?:but |and |so )?you're supposed to (.+)$", re.I), r"\1"),
+    (re.compile(_YOU + r"(?:should|must|can) (.+)$", re.I), r"\1"),
+    (re.compile(r"^(?:but |and )?i (?:asked|told) you(?: twice| already)? to (.+)$", re.I), r"\1"),
     # "you forgot the deadline" -> "Include the deadline."
-    (re.compile(r"^(?:but |and )?you (?:forgot|missed|left out|omitted|skipped) (.+)$", re.I), r"Include \1"),
+    (re.compile(_YOU + r"(?:forgot|missed|left out|omitted|skipped) (.+)$", re.I), r"Include \1"),
     # "it should mention X" -> "Mention X."
     (re.compile(r"^(?:but |and )?(?:it|this|that|the \w+) (?:should|must|needs to|has to) (.+)$", re.I), r"\1"),
-    # "I need / want / prefer X in Y" -> "Give X in Y."
-    (re.compile(r"^(?:but |and )?i(?:'d| would)? (?:need|want|prefer|like) (?!to\b)(.+)$", re.I), r"Give \1"),
-    (re.compile(r"^(?:but |and )?i(?:'d| would)? (?:need|want|prefer|like) to (?:have |get |see )?(.+)$", re.I),
-     r"Give \1"),
-    # "X, please." with X a bare noun phrase -> "Use X."
-    (re.compile(r"^(.{1,40}?),? (?:please|pls|plz|por favor)[.!]*$", re.I), r"\1"),
+    # "I need the summary in Japanese" / "I asked for two lines" -> "Give ..."
+    (
+        re.compile(r"^(?:but |and )?i(?:'d| would)? (?:need|want|prefer|like|asked for|wanted) (?!to\b)(.+)$", re.I),
+        r"Give \1",
+    ),
+    (re.compile(r"^(?:but |and )?i(?:'d| would)? (?:need|want|prefer|like|wanted) to (.+)$", re.I), r"\1"),
+    # "more friendly", "Simpler" -> "Make it more friendly."
+    (
+        re.compile(r"^((?:a (?:bit|little|lot) |much |way )?(?:more|less) \w+|\w{3,}er)[.!]*$", re.I),
+        lambda m: "Make it " + _lower_first(m),
+    ),
+    # "in grams and ml", "as a bulleted list" -> "Give it in grams and ml."
+    (re.compile(r"^((?:in|as) .+)$", re.I), lambda m: "Give it " + _lower_first(m)),
+    # "no comments." -> "Leave out comments."
+    (re.compile(r"^no (\w+(?: \w+)?)[.!]*$", re.I), r"Leave out \1"),
+    # "just the city." -> "Give just the city."
+    (re.compile(r"^((?:just|only) (?:the|a|one) .+)$", re.I), lambda m: "Give " + _lower_first(m)),
 ]
-_PLEASE_TAIL = re.compile(r",? (?:please|pls|plz)(?=[.!?]*$)", re.I)
+_PLEASE_HEAD = re.compile(r"^(?:.*?(?:[,;:]|\bbut|\band)\s+)?(?:please|pls|kindly),?\s+(?=\w)", re.I)
+_PLEASE_TAIL = re.compile(r",? (?:please|pls|plz|por favor)(?=[.!?]*$)|,? though(?=[.!?]*$)", re.I)
+# Words that start a description, not a request ("is too long please", "the time please" is a noun)
+_NOT_A_VERB = frozenset(
+    "i you he she it we they my your his her our their the a an this that these those there here is are was were "
+    "what how why who when where which no not too very so".split()
+)
+# A rewritten complaint stops where the user goes on to explain: "two lines and this is six"
+_EXPLANATION = re.compile(r",? (?:and|but|because|since|otherwise|so) (?:this|it|that|you|i|is|it's)\b.*$", re.I)
 
 
 def _as_instruction(sentence: str) -> str | None:
     """The sentence as an instruction, or None when it states no request."""
-    text, m = sentence.strip(), None
+    text = sentence.strip()
+    lang = _LANGUAGE_ASK.search(text)
+    if lang and not text.lower().startswith(("how ", "what ")):
+        name = lang.group(1).lower()
+        return f"Answer in {_LANGUAGES.get(name, name.capitalize())}."
+    stripped = _PLEASE_TAIL.sub("", _PLEASE_HEAD.sub("", text)).strip()
+    polite, text = stripped != text, stripped
+    rewritten = polite
     for pattern, repl in _REWRITES:
-        m = pattern.match(text)
-        if m:
-            text = pattern.sub(repl, text, count=1).strip()
+        if pattern.match(text):
+            text, rewritten = pattern.sub(repl, text, count=1).strip(), True
             break
-    text = _PLEASE_TAIL.sub("", text).rstrip(" ,;")
-    words = _WORD.findall(text.lower())
-    if not words:
-        return None
-    if words[0] not in _IMPERATIVE_VERBS:
-        if not m or m.re is not _REWRITES[-1][0] or len(words) > 6 or words[0] in ("no", "not"):
+    else:
+        if text.endswith("?"):  # "Do you really think...?" asks, it does not instruct
             return None
-        text = "Use " + text[0].lower() + text[1:]  # "Italian, please." -> "Use Italian."
+        words = _WORD.findall(text.lower())
+        while len(words) > 1 and words[0] in _ADVERBS:
+            words = words[1:]
+        if not words:
+            return None
+        if words[0] not in _IMPERATIVE_VERBS:
+            # after "please" the next word is usually the verb ("please tone down ...");
+            # a short noun phrase asked for politely is something to use ("The time, please.")
+            if not polite or words[0] in _NOT_A_VERB and len(words) > 6:
+                return None
+            if words[0] in _NOT_A_VERB or _PLEASE_TAIL.search(sentence):
+                if words[0] in ("no", "not", "is", "are", "i", "it", "you", "we", "this", "that"):
+                    return None
+                text = "Use " + text[0].lower() + text[1:]
+    text = _EXPLANATION.sub("", text).rstrip(" ,;")
+    if not text:
+        return None
     text = text[0].upper() + text[1:]
     # a rewritten request ends as a statement; the user's own imperative keeps its punctuation
-    return text + "." if m and not text.endswith((".", "!", ")", "'", '"')) else text
+    return text + "." if rewritten and not text.endswith((".", "!", ")", "'", '"')) else text
 
 
 def _normalise(text: str) -> str:
@@ -434,16 +501,17 @@ class RulesJudge:
         if sentences:
             sentences[0] = _LEAD_IN.sub("", sentences[0])
         sentences = [s for s in sentences if not _FILLER.match(s)]
+        if len(" ".join(sentences).strip()) <= MIN_HINT_CHARS:  # too little said to teach from
+            return None
+        # Where the user asked for something, the instructions they carry are the hint.
+        asked = [i for i in (_as_instruction(_LEAD_IN.sub("", s)) for s in sentences) if i]
+        if asked:
+            return " ".join(asked[:3])
         if len(sentences) > 3:  # keep the sentences that carry the correction
             cued = [s for s in sentences if self._cues(_normalise(s), "").strong]
             sentences = (cued or sentences)[:3]
-        # Where the user asked for something, the instruction they carry is the hint.
-        asked = [i for i in (_as_instruction(_LEAD_IN.sub("", s)) for s in sentences) if i]
-        out = " ".join(asked[:3] or sentences).strip()
-        if not out:
-            return None
-        out = out[0].upper() + out[1:]
-        return out if len(out) > MIN_HINT_CHARS else None
+        out = " ".join(sentences).strip()
+        return out[0].upper() + out[1:]
 
     # -- internals --
 
