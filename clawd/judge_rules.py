@@ -144,7 +144,8 @@ STRONG = _rx(
     r"\bi (hate|dislike)\b",
     r"👎|😡|🙄|😤",
     # "thanks, but ..." is a reservation that asks for a change, unless the user just moves on
-    r"^\W*((hmm+|ok|okay|well)\W+)?(thanks|thank you|thx|ty)\W*(but|though|however)\b"
+    r"^\W*((hmm+|ok|okay|well)\W+)?(thanks|thank you|thx|ty|nice|great|good|cool|perfect|lovely|looks good)\W*"
+    r"(but|though|however)\b"
     r"(?!\W+(actually|i'?ll|i will|i'?m|i am|i won'?t|we'?ll|i ended|i think i'?ll))",
     # a standing preference: it names the future
     r"\b(next time|from now on|in (the )?future|going forward|every time)\b",
@@ -155,7 +156,7 @@ STRONG = _rx(
     r"(^|[.!?]\s*)stop\b",
     r"(^|[.!?,;]\s*|\b(please|pls|just|can|could|and|so|now)\s+)(stop|quit) \w+ing\b",
     r"(^|[.!?,;]\s*|\b(i|we|i'?ve|we'?ve) )already (did|tried|done|have|said|told)\b",
-    r"\byou (don'?t|do not) (need|have) to\b",
+    r"\byou (don'?t|do not) (need|have) (to|the|those|these|that|all|any)\b",
     r"\bdo you (really|seriously) think\b",
     r"\b(old|outdated|out of date|out-of-date|stale) (information|info|data|numbers|figures)\b",
     r"\b(that'?s|that is|it'?s|this is) (off|way off|not it)\b",
@@ -190,8 +191,8 @@ WEAK = _rx(
     # a polite request to change what was just given ("could you flip it", "can you use British spelling")
     r"\b(could|can|would) you (please |pls )?(also |just |maybe )?(give|write|make|put|flip|reverse|sort|order|format"
     r"|convert|translate|redo|shorten|change|list|show|split|move|turn|do|present|send|keep|use|lead|add|be|drop"
-    r"|remove|calculate|check|stick|spell|switch|answer|respond|reply|go)\b"
-    r"(?=[^.!?]*\b(it|that|this|them|those|these|the same|your|instead|in|as|with|to)\b)",
+    r"|remove|calculate|check|stick|spell|switch|answer|respond|reply|go|address)\b"
+    r"(?=[^.!?]*\b(it|that|this|them|those|these|the same|the order|your|instead|in|as|with|to)\b)",
     r"\b(could|can|would) you (please |pls )?(also |just |maybe )?(use|lead|keep|stick|switch|spell|be|drop|remove)\b",
     r"\b(could|can|would) you (please |pls )?add [^.!?]{1,40}\b(please|pls)\b",
     # a language asked for by name, also in that language ("en español", "em português")
