@@ -76,6 +76,29 @@ def parse_boxed(text: str) -> int | None:
     return int(m.group(1)) if m and "{" not in inner else None
 
 
+_CLOSED_VOTE = re.compile(r"\\boxed\s*\{\s*(\+?1|-1|0)\s*\}")
+# What may sit between the boxes of a restated answer format: "\boxed{1}, \boxed{-1} or \boxed{0}"
+_LISTING = re.compile(r"^[\s,;/]*(or|and)?[\s,;/]*$")
+
+
+def answer_closed(text: str) -> bool:
+    """Whether a judge answer has given its vote: a closed \boxed{1|-1|0} followed by
+    something other than the next box of a restated format. Generation can stop there
+    (the vote is the last box, METHOD §2), instead of running to max_tokens: small base
+    models rarely stop on their own after answering."""
+    boxes = list(_CLOSED_VOTE.finditer(text or ""))
+    if not boxes:
+        return False
+    last = boxes[-1]
+    after = text[last.end() :]
+    if not after.strip() and "\n" not in after:
+        return False  # wait one more piece: a listing may go on ("\boxed{1}, \boxed{-1} ...")
+    if _LISTING.match(after) and "\n" not in after:
+        return False
+    before = text[boxes[-2].end() : last.start()] if len(boxes) > 1 else None
+    return before is None or not _LISTING.match(before)
+
+
 def majority(votes: list[int | None]) -> int:
     """The strict plurality of the valid votes; a tie, or no valid vote, is 0."""
     counts = Counter(v for v in votes if v is not None).most_common()

@@ -15,7 +15,7 @@ import asyncio
 import re
 
 from clawd.errors import ConfigError
-from clawd.judge import Completer, JudgeUnavailable
+from clawd.judge import Completer, JudgeUnavailable, answer_closed
 
 
 class OpenAICompleter:
@@ -152,7 +152,9 @@ class ServedModelCompleter:
         params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=1.0, seed=seed)
         msgs = [Message.model_validate(m) for m in messages]
         # adapter None: the judge is the frozen base model, not the policy being trained
-        return await self.chat.complete(msgs, params, adapter=None, background=True)
+        # Stop once the vote is given: the base model rarely ends its turn after \boxed{},
+        # and every token after it is judge time the miner pays for nothing.
+        return await self.chat.complete(msgs, params, adapter=None, background=True, until=answer_closed)
 
 
 JUDGE_FORMS = (

@@ -37,6 +37,12 @@ NEUTRAL = _rx(
     r"\bno complaints\b",
     r"\bno longer\b",
     r"\bno (errors?|issues?|bugs?|problems?)\b",
+    # owning up to one's own mistake is thanks, not a complaint
+    r"\b(i|we) (always |often |keep |usually |sometimes )?(made|make|making)( this| that| the same| a)? mistakes?\b",
+    r"\bmy (mistake|bad|typo)\b",
+    r"\bhow exactly\b",
+    # asking how to say something in a language is a new request, not a language complaint
+    r"\bhow (do (i|you) |to |would (i|you) |can i )?(say|write|spell|translate)\b.*",
 )
 
 STRONG = _rx(
@@ -72,13 +78,13 @@ STRONG = _rx(
     r"\bread (my|the) (question|message|request) again\b",
     r"\b(you )?(misunderstood|misread|misunderstand)\b",
     # redo
-    r"\b(rewrite|reword|rephrase|redo|re-do|regenerate|retry|start over|try again|do it again"
+    r"\b(rewrite|reword|rephrase|reformat|redo|re-do|regenerate|retry|start over|try again|do it again"
     r"|do that again|one more time)\b",
     r"\bgive it another (try|shot|go)\b",
     r"\banother (try|attempt)\b",
     # it does not work
     r"\b(doesn'?t|does not|didn'?t|did not|won'?t|will not|isn'?t|is not|wasn'?t|can'?t|cannot)"
-    r" (work|compile|run|build|help|answer|load|start|fix|solve|make sense|exist|match"
+    r" (work|compile|run|build|help|answer|load|start|fix|solve|make sense|exist|match|render|display|show up"
     r"|look right|seem right|seem correct|do what)\b",
     r"\bnot working\b",
     r"\b(it|this|that|the code|the script|the app|the test|the tests|tests|the build"
@@ -137,19 +143,80 @@ STRONG = _rx(
     r"\bi (don'?t|do not) (like|want|need)\b",
     r"\bi (hate|dislike)\b",
     r"👎|😡|🙄|😤",
+    # "thanks, but ..." is a reservation that asks for a change, unless the user just moves on
+    r"^\W*((hmm+|ok|okay|well)\W+)?(thanks|thank you|thx|ty|nice|great|good|cool|perfect|lovely|looks good)\W*"
+    r"(but|though|however)\b"
+    r"(?!\W+(actually|i'?ll|i will|i'?m|i am|i won'?t|we'?ll|i ended|i think i'?ll))",
+    # a standing preference: it names the future
+    r"\b(next time|from now on|in (the )?future|going forward|every time)\b",
+    r"\bstay in (character|role)\b",
+    r"\b(up ?front|at the (top|start|beginning))\b[^.!?]{0,20}$|\bput [^.!?]{0,30}\b(up ?front|first|at the (top|start))\b",
+    r"\blead with\b",
+    r"\bsign (it|off|them|the \w+)\b",
+    r"(^|[.!?]\s*)stop\b",
+    r"(^|[.!?,;]\s*|\b(please|pls|just|can|could|and|so|now)\s+)(stop|quit) \w+ing\b",
+    r"(^|[.!?,;]\s*|\b(i|we|i'?ve|we'?ve) )already (did|tried|done|have|said|told)\b",
+    r"\byou (don'?t|do not) (need|have) (to|the|those|these|that|all|any)\b",
+    r"\bdo you (really|seriously) think\b",
+    r"\b(old|outdated|out of date|out-of-date|stale) (information|info|data|numbers|figures)\b",
+    r"\b(that'?s|that is|it'?s|this is) (off|way off|not it)\b",
+    r"\bcorrect (it|that|this|them)\b",
+    r"\bwrite (it |them |my \w+ )?correct(ly)?\b",
+    r"\b(please|pls) no \w+",
+    r"\b(please|pls),? (a (bit|little|lot) )?(more|less) \w+",
+    r"\bsomething (a (bit|little|lot) )?(more|less) \w+",
+    r"\b(is|it'?s|that'?s|was|far|way|bit|little|much|are|sounds?|reads?|looks?|seems?) too \w+",
+    r"\bexcept (that|it|this|the|you)\b",
+    r"\bnow it (reads|sounds|looks|feels) like\b",
+    r"^\W*not (in|as|like|the|a|an|by)\b",
+    r"\bbe (a (bit|little|lot) |much |way )?\w{3,}er\b(?<!\bbetter)(?<!\bever)(?<!\bover)",
+    # sarcasm markers: praise that means the opposite
+    r"^\W*(ah|oh) (yes|sure|great|right|wonderful)\b",
+    r"\bfamous(ly)?\b[^.!?]{0,40}\b(known as|measured|format)\b|\bfamously\b",
+    r"\bvery \w+ of you\b",
+    r"\bwhat year is it\b",
+    r"\b(a|the) whole (lecture|essay|novel|book|speech|sermon|saga)\b",
+    r"\ball i (needed|wanted|asked for|asked) (was|is)\b",
+    r"^\W*sure,? if you\b",
 )
 
+
 # A leading "no" is a correction, unless it answers the assistant's own question.
-_NO_LEAD = re.compile(r"^\W*(no|nope|nah|nop)\b")
+_NO_LEAD = re.compile(r"^\W*((hmm+|uh+|um+|ugh+|well|erm|sorry)\W+)?(no|nope|nah|nop)\b")
 WEAK = _rx(
     r"^\W*actually\b",
-    r"\bare you sure\b",
     r"^\W*i mean\b",
     r"\b(remove|delete|drop|cut|lose|skip) (the|all|those|these|that|this|it|them|your)\b",
     r"^\W*(ugh+|meh)\b",
+    # a polite request to change what was just given ("could you flip it", "can you use British spelling")
+    r"\b(could|can|would) you (please |pls )?(also |just |maybe )?(give|write|make|put|flip|reverse|sort|order|format"
+    r"|convert|translate|redo|shorten|change|list|show|split|move|turn|do|present|send|keep|use|lead|add|be|drop"
+    r"|remove|calculate|check|stick|spell|switch|answer|respond|reply|go|address)\b"
+    r"(?=[^.!?]*\b(it|that|this|them|those|these|the same|the order|your|instead|in|as|with|to)\b)",
+    r"\b(could|can|would) you (please |pls )?(also |just |maybe )?(use|lead|keep|stick|switch|spell|be|drop|remove)\b",
+    r"\b(could|can|would) you (please |pls )?add [^.!?]{1,40}\b(please|pls)\b",
+    # a language asked for by name, also in that language ("en español", "em português")
+    r"\b(in|en|em|auf|into) (english|spanish|español|espanol|french|français|francais|anglais|italian|italiano"
+    r"|german|deutsch|portuguese|português|portugues|dutch|japanese|chinese|russian|polish|korean|arabic|hindi"
+    r"|turkish|swedish|greek)\b",
+    # "<the fix>, please": a bare noun phrase asked for politely ("Italian, please." "snake_case pls")
+    r"(^|[.!?]\s+)(?!(write|tell|help|explain|what|how|why|who|when|where|which|can|could|and|now|next)\b)"
+    r"[^.!?,\s]+( [^.!?,\s]+){0,3},? (please|pls|plz|por favor)\W*$",
+    r"\b(please|pls) (in|with|as|first|use|no|write|put|add|keep)\b",
+    r"(^|[.!?]\s*)(just|only) (give|check|use|tell|do|answer|say|show|calculate|write|the|list)\b",
+    r"\b(can|could) you just\b",
+    r"^\W*why (are|did|do|would|is|does) you\b",
+    r"\bkeep (it|them|the \w+|your \w+)\b(?! up\b)",
+    r"\bput (the|it|that|this|them) [^.!?]{0,20}\b(in|into|at|on)\b",
+    r"\b(at|in) the end\b",
+    r"\badd (that|this|it|them|the)\b",
+    r"(^|[.!?]\s*)we (spell|write|say|use|call|always)\b",
+    r"\bsomething else\b",
+    r"\bi (believe|think) (it|that|the \w+)( \w+)? (was|is|were|are)\b",
 )
 
-HOLD = _rx(r"\bnever ?mind\b", r"\bforget (it|that)\b")
+# "are you sure?" challenges the answer without saying it is wrong: often the user just checks.
+HOLD = _rx(r"\bnever ?mind\b", r"\bforget (it|that)\b", r"\bare you sure\b")
 
 APPROVAL = _rx(
     r"\b(thanks|thank (you|u)|thx|thnx|tysm|ty|cheers|ta|much appreciated|appreciate (it|that|this|the help|you))\b",
@@ -157,7 +224,7 @@ APPROVAL = _rx(
     r"|lovely|exactly|outstanding|beautiful|impressive|helpful|lifesaver|legend|genius)\b",
     r"\b(that|this|it) (works|worked|did it|did the trick|fixed it|helps|helped|solved it|is correct"
     r"|was correct|is right|was right)\b",
-    r"\bworks (now|great|perfectly|fine|well|like a charm)\b",
+    r"\bworks (now|great|perfectly|fine|well|nicely|like a charm)\b",
     r"\b(that'?s|that is|you'?re|you are) (right|correct|spot on|it exactly)\b",
     r"\bspot on\b",
     r"\bnailed it\b",
@@ -172,11 +239,18 @@ APPROVAL = _rx(
     r"^\W*(good|very good|all good|not bad)\b",
     r"\bthat'?s (good|fine|better|much better)\b",
     r"\bnot bad\b",
+    r"^\W*works\b|\b(formula|code|script|query|fix|command|it|that|this) works\b",
+    r"\b(loved|liked|enjoyed) it\b",
+    r"\bimpressed\b",
+    r"^\W*(yep|yup|yes|yeah)\b",
+    r"\bis good\b(?!\s+\w)",
     r"👍|🙏|👌|🎉|❤️|❤|😊|🙂|😀|😄|💯|🔥|🥳|✅",
 )
 
 # Approval followed by "but" is a reservation, not a verdict.
 _RESERVATION = re.compile(r"\b(but|however|though|although|except)\b")
+# "now", "next": the user moves on; a "but" after it qualifies the new request, not the answer.
+_MOVING_ON = re.compile(r"\b(now|next|then)\b")
 _NEGATORS = {"not", "no", "never", "hardly", "barely", "nothing", "far", "nor", "without"}
 
 # Tool results (METHOD §2: a tool error is -1, a success +1). Matched on the original
@@ -211,6 +285,15 @@ TOOL_ERROR = _rx(
     r"(?i)\"status\"\s*:\s*\"(error|failed|failure)\"",
 )
 
+# Failures on the server's side, not the call's: the response did nothing wrong (0, undecided).
+TOOL_TRANSIENT = _rx(
+    r"(?i)\b(connection|request|read|gateway|upstream) (timed out|timeout)\b",
+    r"(?i)\b(host|server) (did not|didn'?t) respond\b",
+    r"(?i)\b(service|temporarily) unavailable\b|\bbad gateway\b|\bgateway timeout\b",
+    r"(?i)\"?status(_code)?\"?\s*[:=]\s*(502|503|504)\b|\bhttp(/[\d.]+)? (502|503|504)\b",
+    r"(?i)\b(retry|try again) later\b|\bupstream (provider|server|service) (is )?down\b",
+)
+
 _FENCE = re.compile(r"```.*?(```|$)", re.DOTALL)
 _WORD = re.compile(r"[a-z0-9]+(?:'[a-z]+)?")
 _STOP = set(
@@ -231,6 +314,127 @@ _LEAD_IN = re.compile(
 )
 _FILLER = re.compile(r"^\W*(thanks|thank you|thx|ok|okay|hmm+|ugh+|please|pls|sorry|no|nope|wrong)?\W*$", re.I)
 _TRACEBACK = re.compile(r"traceback \(most recent call last\)|^\s*[\w.]*(?:error|exception)\s*:", re.I | re.M)
+
+
+# Hints the teacher can follow (METHOD §3): a correction's request, restated as an instruction.
+# Ordered rewrites of one sentence. A rewrite whose pattern leaves a verb ("could you X",
+# "you forgot to X") is trusted; any other sentence counts only if it starts with a common
+# imperative verb. "Could you use British spelling?" -> "Use British spelling."
+_IMPERATIVE_VERBS = frozenset(
+    "use make keep write give put add drop remove stop don't never always answer reply respond say spell sign "
+    "end start begin lead stay be show list sort order format explain tell translate convert switch change fix "
+    "include skip avoid try check call pass reformat rewrite flip correct mention cut shorten leave move split "
+    "return limit focus stick go count run swap state reply work search read redo apologize apologise offer "
+    "introduce address call explain describe".split()
+)
+# Words that may come before the verb of an imperative: "please first tell me", "just give".
+_ADVERBS = frozenset("first just only also always then now".split())
+_LANGUAGES = {
+    "español": "Spanish",
+    "espanol": "Spanish",
+    "français": "French",
+    "francais": "French",
+    "português": "Portuguese",
+    "portugues": "Portuguese",
+    "deutsch": "German",
+    "italiano": "Italian",
+}
+_LANGUAGE_ASK = re.compile(
+    r"\b(?:in|en|em|auf)\s+(español|espanol|français|francais|português|portugues|deutsch|italiano"
+    r"|english|spanish|french|italian|german|portuguese|dutch|japanese|chinese|russian|polish|korean|arabic"
+    r"|hindi|turkish|swedish|greek)\b",
+    re.I,
+)
+_YOU = r"^(?:but |and |so )?you(?:'ve)? "
+
+
+def _lower_first(m: re.Match) -> str:
+    return m.group(1)[0].lower() + m.group(1)[1:]
+
+
+_REWRITES = [  # each leaves a request that starts with a verb
+    (
+        re.compile(
+            r"^(?:could|can|would|will|should|shouldn't|why don't) you (?:please |pls |kindly )?(?:also |maybe |now )?"
+            r"(.+?)[?.!]*$",
+            re.I,
+        ),
+        r"\1",
+    ),
+    (re.compile(_YOU + r"(?:forgot|need|have|ought|were supposed|are supposed) to (.+)$", re.I), r"\1"),
+    (re.compile(r"^(?:but |and |so )?you're supposed to (.+)$", re.I), r"\1"),
+    (re.compile(_YOU + r"(?:should|must|can) (.+)$", re.I), r"\1"),
+    (re.compile(r"^(?:but |and )?i (?:asked|told) you(?: twice| already)? to (.+)$", re.I), r"\1"),
+    # "you forgot the deadline" -> "Include the deadline."
+    (re.compile(_YOU + r"(?:forgot|missed|left out|omitted|skipped) (.+)$", re.I), r"Include \1"),
+    # "it should mention X" -> "Mention X."
+    (re.compile(r"^(?:but |and )?(?:it|this|that|the \w+) (?:should|must|needs to|has to) (.+)$", re.I), r"\1"),
+    # "I need the summary in Japanese" / "I asked for two lines" -> "Give ..."
+    (
+        re.compile(r"^(?:but |and )?i(?:'d| would)? (?:need|want|prefer|like|asked for|wanted) (?!to\b)(.+)$", re.I),
+        r"Give \1",
+    ),
+    (re.compile(r"^(?:but |and )?i(?:'d| would)? (?:need|want|prefer|like|wanted) to (.+)$", re.I), r"\1"),
+    # "more friendly", "Simpler" -> "Make it more friendly."
+    (
+        re.compile(r"^((?:a (?:bit|little|lot) |much |way )?(?:more|less) \w+|\w{3,}er)[.!]*$", re.I),
+        lambda m: "Make it " + _lower_first(m),
+    ),
+    # "in grams and ml", "as a bulleted list" -> "Give it in grams and ml."
+    (re.compile(r"^((?:in|as) .+)$", re.I), lambda m: "Give it " + _lower_first(m)),
+    # "no comments." -> "Leave out comments."
+    (re.compile(r"^no (\w+(?: \w+)?)[.!]*$", re.I), r"Leave out \1"),
+    # "just the city." -> "Give just the city."
+    (re.compile(r"^((?:just|only) (?:the|a|one) .+)$", re.I), lambda m: "Give " + _lower_first(m)),
+]
+_PLEASE_HEAD = re.compile(r"^(?:.*?(?:[,;:]|\bbut|\band)\s+)?(?:please|pls|kindly),?\s+(?=\w)", re.I)
+_PLEASE_TAIL = re.compile(r",? (?:please|pls|plz|por favor)(?=[.!?]*$)|,? though(?=[.!?]*$)", re.I)
+# Words that start a description, not a request ("is too long please", "the time please" is a noun)
+_NOT_A_VERB = frozenset(
+    "i you he she it we they my your his her our their the a an this that these those there here is are was were "
+    "what how why who when where which no not too very so".split()
+)
+# A rewritten complaint stops where the user goes on to explain: "two lines and this is six"
+_EXPLANATION = re.compile(r",? (?:and|but|because|since|otherwise|so) (?:this|it|that|you|i|is|it's)\b.*$", re.I)
+
+
+def _as_instruction(sentence: str) -> str | None:
+    """The sentence as an instruction, or None when it states no request."""
+    text = sentence.strip()
+    lang = _LANGUAGE_ASK.search(text)
+    if lang and not text.lower().startswith(("how ", "what ")):
+        name = lang.group(1).lower()
+        return f"Answer in {_LANGUAGES.get(name, name.capitalize())}."
+    stripped = _PLEASE_TAIL.sub("", _PLEASE_HEAD.sub("", text)).strip()
+    polite, text = stripped != text, stripped
+    rewritten = polite
+    for pattern, repl in _REWRITES:
+        if pattern.match(text):
+            text, rewritten = pattern.sub(repl, text, count=1).strip(), True
+            break
+    else:
+        if text.endswith("?"):  # "Do you really think...?" asks, it does not instruct
+            return None
+        words = _WORD.findall(text.lower())
+        while len(words) > 1 and words[0] in _ADVERBS:
+            words = words[1:]
+        if not words:
+            return None
+        if words[0] not in _IMPERATIVE_VERBS:
+            # after "please" the next word is usually the verb ("please tone down ...");
+            # a short noun phrase asked for politely is something to use ("The time, please.")
+            if not polite or words[0] in _NOT_A_VERB and len(words) > 6:
+                return None
+            if words[0] in _NOT_A_VERB or _PLEASE_TAIL.search(sentence):
+                if words[0] in ("no", "not", "is", "are", "i", "it", "you", "we", "this", "that"):
+                    return None
+                text = "Use " + text[0].lower() + text[1:]
+    text = _EXPLANATION.sub("", text).rstrip(" ,;")
+    if not text:
+        return None
+    text = text[0].upper() + text[1:]
+    # a rewritten request ends as a statement; the user's own imperative keeps its punctuation
+    return text + "." if rewritten and not text.endswith((".", "!", ")", "'", '"')) else text
 
 
 def _normalise(text: str) -> str:
@@ -298,21 +502,26 @@ class RulesJudge:
         if sentences:
             sentences[0] = _LEAD_IN.sub("", sentences[0])
         sentences = [s for s in sentences if not _FILLER.match(s)]
+        if len(" ".join(sentences).strip()) <= MIN_HINT_CHARS:  # too little said to teach from
+            return None
+        # Where the user asked for something, the instructions they carry are the hint.
+        asked = [i for i in (_as_instruction(_LEAD_IN.sub("", s)) for s in sentences) if i]
+        if asked:
+            return " ".join(asked[:3])
         if len(sentences) > 3:  # keep the sentences that carry the correction
             cued = [s for s in sentences if self._cues(_normalise(s), "").strong]
             sentences = (cued or sentences)[:3]
         out = " ".join(sentences).strip()
-        if not out:
-            return None
-        out = out[0].upper() + out[1:]
-        return out if len(out) > MIN_HINT_CHARS else None
+        return out[0].upper() + out[1:]
 
     # -- internals --
 
     def _score(self, inp: JudgeInput) -> int | None:
         if inp.next_role == "tool":
             text = _blank(inp.next_state, TOOL_NEUTRAL)
-            return -1 if any(p.search(text) for p in TOOL_ERROR) else 1
+            if not any(p.search(text) for p in TOOL_ERROR):
+                return 1
+            return None if any(p.search(text) for p in TOOL_TRANSIENT) else -1
         if inp.next_role != "user" or not inp.next_state.strip():
             return None
         cues = self._cues(_normalise(inp.next_state), inp.response)
@@ -337,5 +546,8 @@ class RulesJudge:
         strong = strong or len(kept) < len(approvals)
         weak = any(p.search(text) for p in WEAK) or (bool(_NO_LEAD.search(text)) and not _ends_with_question(response))
         first = min((m.start() for m in kept), default=None)
-        reservation = first is not None and bool(_RESERVATION.search(text, first))
+        reservation = False
+        if first is not None:
+            moving_on = _MOVING_ON.search(text, first)
+            reservation = bool(_RESERVATION.search(text, first, moving_on.start() if moving_on else len(text)))
         return _Cues(strong, weak, any(p.search(text) for p in HOLD), bool(kept), reservation)

@@ -167,12 +167,20 @@ class ServedModel:
         }
 
     async def complete(
-        self, messages: list[Message], params: SamplingParams, *, adapter: str | None = None, background: bool = True
+        self,
+        messages: list[Message],
+        params: SamplingParams,
+        *,
+        adapter: str | None = None,
+        background: bool = True,
+        until=None,
     ) -> str:
         """One reply as text, not logged as a turn: for judges and side-by-side answers.
         Background completions yield the engine to user requests (raising Preempted).
         Like a served chat reply, it is without the whitespace the model opens with, so the
-        side-by-side answers read like the logged reply they are shown next to."""
+        side-by-side answers read like the logged reply they are shown next to. `until(text)`,
+        if given, ends the reply early once it returns True for the text so far (a judge's
+        vote is given)."""
         rendered, prompt_ids = await asyncio.to_thread(self.prompt, messages)
         self.check_context(
             len(prompt_ids), f"the prompt needs {len(prompt_ids)} tokens; the context is {self.info.n_ctx}"
@@ -187,6 +195,6 @@ class ServedModel:
                     break
                 piece, hit = stops.feed(decoder.decode(tok.piece))
                 out.append(piece)
-                if hit:
+                if hit or (until is not None and until("".join(out))):
                     return "".join(out).lstrip()
         return ("".join(out) + stops.feed(decoder.decode(b"", final=True))[0] + stops.flush()).lstrip()

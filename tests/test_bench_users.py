@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 
 import pytest
 
@@ -118,6 +119,11 @@ def test_reactions_follow_the_detector_and_are_reproducible():
 
 
 SHIPPED = sorted(shipped_users())
+NEGATIONS = {"no", "not", "don't", "never", "without", "doesn't", "nothing"}
+
+
+def _words(text: str) -> list[str]:
+    return re.findall(r"[a-z']+", text.lower())
 
 
 def test_at_least_four_users_ship():
@@ -132,9 +138,17 @@ def test_shipped_user_replies_are_understood_by_the_rules_judge(name):
         inp = JudgeInput([{"role": "user", "content": u.tasks[0]}], "Some answer.", text, "user")
         verdict, hint = judge.evaluate(inp), judge.correction(inp)
         assert verdict is not None and verdict.score == -1, text
-        # The hint is the user's own sentence: a cut lead-in ("No bullet points…" -> "Bullet
-        # points…") would invert its meaning for the teacher.
-        assert hint is not None and hint.lower().rstrip(".") == text.lower().rstrip("."), (text, hint)
+        # The hint is the user's own request, restated as an instruction ("You forgot to sign
+        # off with Cheers" -> "Sign off with Cheers"): no words of its own beyond the verb it
+        # may put first, and every negation kept, since a cut "no"/"don't" ("No bullet
+        # points…" -> "Bullet points…") would invert its meaning for the teacher.
+        assert hint is not None, text
+        said, kept = _words(text), _words(hint)
+        assert set(kept) - set(said) <= {"include", "give", "use", "make", "it", "leave", "out", "answer", "in"}, (
+            text,
+            hint,
+        )
+        assert [w for w in kept if w in NEGATIONS] == [w for w in said if w in NEGATIONS], (text, hint)
     for text in u.approvals:
         inp = JudgeInput([{"role": "user", "content": u.tasks[0]}], "Some answer.", text, "user")
         verdict = judge.evaluate(inp)

@@ -350,6 +350,24 @@ def test_raw_completion_keeps_leading_whitespace(clawd_home):
         d.stop()
 
 
+def test_side_reply_stops_where_until_says(fake_daemon):
+    """A judge's reply ends once its vote is given (ServedModel.complete's `until`), not at
+    max_tokens: what comes back is the text up to the piece that satisfied it."""
+    model = fake_daemon.state.model
+    seen: list[str] = []
+
+    def until(text: str) -> bool:
+        seen.append(text)
+        return "said" in text
+
+    msgs = [Message(role="user", content="hi there friend")]
+    full = fake_daemon.run(model.complete(msgs, SamplingParams(temperature=0)))
+    cut = fake_daemon.run(model.complete(msgs, SamplingParams(temperature=0), until=until))
+    assert full == "You said: hi there friend"
+    assert "said" in cut and full.startswith(cut) and len(cut) < len(full)
+    assert seen[-1].lstrip() == cut  # asked after each piece, and not after it said stop
+
+
 # --- a real model (llama.cpp, tiny GGUF) --------------------------------------------------------
 
 

@@ -20,6 +20,7 @@ from clawd.judge import (
     JudgeInput,
     JudgeUnavailable,
     LLMJudge,
+    answer_closed,
     evaluative_messages,
     hint_messages,
     majority,
@@ -528,6 +529,27 @@ async def test_a_slow_endpoint_times_out_instead_of_hanging(endpoint):
     assert time.monotonic() - t0 < 1.5
 
 
+@pytest.mark.parametrize(
+    "text,closed",
+    [
+        ("It fits the request. \\boxed{1}", False),  # one more piece may continue a listing
+        ("It fits the request. \\boxed{1}\n", True),
+        ("Wrong language. \\boxed{-1} The user", True),
+        ("\\boxed{ +1 }.", True),
+        ("I will end with \\boxed{1}, \\boxed{-1} or \\boxed{0}. First", False),  # the format, restated
+        ("I will end with \\boxed{1}, \\boxed{-1} or \\boxed{0}.\nIt was a correction: \\boxed{-1}\n", True),
+        ("\\boxed{1}, ", False),
+        ("\\boxed{yes}.", False),
+        ("\\boxed{-1", False),
+        ("No verdict yet, still thinking", False),
+    ],
+)
+def test_answer_closed_once_the_vote_is_given(text, closed):
+    assert answer_closed(text) is closed
+    if closed:  # stopping there keeps the vote the full answer would have given
+        assert parse_boxed(text) is not None
+
+
 # ---------------------------------------------------------------------------------------
 # The served model, and the judge setting
 
@@ -539,8 +561,10 @@ class FakeChat:
         self.reply = reply
         self.calls: list[dict] = []
 
-    async def complete(self, messages, params, *, adapter=None, background=True):
-        self.calls.append({"messages": messages, "params": params, "adapter": adapter, "background": background})
+    async def complete(self, messages, params, *, adapter=None, background=True, until=None):
+        self.calls.append(
+            {"messages": messages, "params": params, "adapter": adapter, "background": background, "until": until}
+        )
         return self.reply
 
 
@@ -556,6 +580,7 @@ async def test_served_model_completer_uses_base_weights_at_background_priority()
     assert [(m.role, m.text()) for m in call["messages"]] == [("system", "s"), ("user", "u")]
     assert call["params"] == SamplingParams(max_tokens=256, temperature=0.6, top_p=1.0, seed=42)
     assert call["adapter"] is None and call["background"] is True
+    assert call["until"] is answer_closed  # generation stops once the vote is given
 
 
 async def test_llm_judge_over_the_served_model():

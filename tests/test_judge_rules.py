@@ -152,6 +152,59 @@ CASES = [
     ("Show the script.", "[called read_file]", "Error: could not open file 'x.csv'", "tool", -1),
 ]
 
+# Rule families widened on the judge corpus's dev split (sentences written for these tests).
+WIDENED = [
+    # "thanks, but ..." asks for a change, unless the user just moves on
+    (EMAIL_REQ, EMAIL_RESP, "Thanks, but the tone is a bit stiff for a neighbour.", "user", -1),
+    (EMAIL_REQ, EMAIL_RESP, "Thank you, but I'll write it myself after all.", "user", None),
+    # standing preferences and imperative requests
+    (SUMMARY_REQ, SUMMARY_RESP, "From now on, put the conclusion in the first line.", "user", -1),
+    (SUMMARY_REQ, SUMMARY_RESP, "headline first next time", "user", -1),
+    ("Be a pirate and greet me.", "Hello there, how can I help?", "stay in character!", "user", -1),
+    (EMAIL_REQ, EMAIL_RESP, "Could you flip the order of the two paragraphs?", "user", -1),
+    (EMAIL_REQ, EMAIL_RESP, "Can you use Australian spelling, please?", "user", -1),
+    (FACT_REQ, FACT_RESP, "Norwegian, please.", "user", -1),
+    (FACT_REQ, FACT_RESP, "auf Deutsch bitte", "user", -1),
+    (CODE_REQ, CODE_RESP, "camelCase pls", "user", -1),
+    (CODE_REQ, CODE_RESP, "please no recursion, our stack is tiny", "user", -1),
+    (SUMMARY_REQ, SUMMARY_RESP, "You don't need the bullet points, it's three facts.", "user", -1),
+    (SUMMARY_REQ, SUMMARY_RESP, "Could you just give the date?", "user", -1),
+    # sign-offs, language, length complaints
+    (EMAIL_REQ, EMAIL_RESP, "sign it 'Best, Ana'", "user", -1),
+    (EMAIL_REQ, EMAIL_RESP, "It reads far too cold for a thank-you note.", "user", -1),
+    # a correction buried in a longer message, after praise
+    (
+        EMAIL_REQ,
+        EMAIL_RESP,
+        "The facts are all there and the dates are right. Our landlord is a company, though, so "
+        "I'd rather not open with Dear Mr. Patel. Could you address it to the property office?",
+        "user",
+        -1,
+    ),
+    # sarcasm: praise that means the opposite
+    (SUMMARY_REQ, SUMMARY_RESP, "Ah yes, a summary longer than the article. Two sentences.", "user", -1),
+    (CODE_REQ, CODE_RESP, "Very creative of you to ignore the spaces.", "user", -1),
+    (SUMMARY_REQ, SUMMARY_RESP, "Wow, a whole essay. All I wanted was the launch date.", "user", -1),
+    # an approval word followed by a complaint is no approval
+    (EMAIL_REQ, EMAIL_RESP, "Lovely. Now it sounds like a court summons.", "user", -1),
+    (FACT_REQ, FACT_RESP, "Great, except that's the biggest city, not the capital.", "user", -1),
+    # ...but moving on after an approval, with a "but" in the new request, is approval
+    (CODE_REQ, CODE_RESP, "Nice, now write one that ignores case but keeps digits.", "user", 1),
+    (CODE_REQ, CODE_RESP, "the script works, every file got renamed", "user", 1),
+    (CODE_REQ, CODE_RESP, "thanks, I always make that mistake with slicing", "user", 1),
+    # "are you sure?" challenges without saying it is wrong: undecided
+    (FACT_REQ, FACT_RESP, "Are you sure? My atlas says otherwise.", "user", None),
+    # a new request that names a language is not a language complaint
+    (FACT_REQ, "The capital of Australia is Canberra.", "How do you say 'capital' in Spanish?", "user", None),
+    (FACT_REQ, "The capital of Australia is Canberra.", "Could you also tell me how to stop hiccups?", "user", None),
+    # tool results: failures on the server's side are nobody's fault (undecided)
+    ("Fetch it.", "[called http_get]", '{"status": 503, "error": "Service Unavailable"}', "tool", None),
+    ("Fetch it.", "[called http_get]", "Error: connection timed out (host did not respond)", "tool", None),
+    ("Fetch it.", "[called http_get]", "HTTP 502 Bad Gateway", "tool", None),
+    ("Query it.", "[called sql]", 'ERROR: relation "userz" does not exist', "tool", -1),
+    ("Query it.", "[called sql]", '{"error": "invalid_argument", "message": "limit must be an integer"}', "tool", -1),
+]
+
 
 def _inp(request: str, response: str, next_state: str, role: str, *, earlier: list[dict] | None = None):
     msgs = (earlier or []) + [{"role": "user", "content": request}]
@@ -168,6 +221,13 @@ def test_rules_table(request_text, response, next_state, role, expected):
     else:
         assert verdict is not None, f"{next_state!r} should be {expected}, got undecided"
         assert (verdict.score, verdict.votes, verdict.source) == (expected, [], "rules")
+
+
+@pytest.mark.parametrize(
+    "request_text,response,next_state,role,expected", WIDENED, ids=[f"{c[4]}:{c[2][:40]}" for c in WIDENED]
+)
+def test_widened_rules(request_text, response, next_state, role, expected):
+    test_rules_table(request_text, response, next_state, role, expected)
 
 
 def test_table_is_large_and_covers_every_outcome():
@@ -221,15 +281,39 @@ def test_correction_is_the_users_own_words(next_state, expected):
     assert J.correction(_inp(CODE_REQ, CODE_RESP, next_state, "user")) == expected
 
 
+INSTRUCTIONS = [
+    # (correction, the hint: the carried request restated as an instruction)
+    ("please answer in Spanish", "Answer in Spanish."),
+    ("You forgot to sign off with Cheers.", "Sign off with Cheers."),
+    ("Could you keep it under fifty words?", "Keep it under fifty words."),
+    ("Thanks, but could you put the total at the top?", "Put the total at the top."),
+    ("you should use metric units", "Use metric units."),
+    ("Metric, please.", "Use metric."),
+    ("That's not it. I need the dates in ISO format.", "Give the dates in ISO format."),
+    ("Way too stiff. More casual, please.", "Make it more casual."),
+    ("wrong format. as a table pls", "Give it as a table."),
+    ("no emoji please.", "Leave out emoji."),
+    ("Too much. just the number.", "Give just the number."),
+    ("Nice, but it's for my team in Lyon. En français, s'il vous plaît.", "Answer in French."),
+    # a question back, or a complaint with no request in it, stays the user's own words
+    ("Why is it so long? This is way too wordy.", "Why is it so long? This is way too wordy."),
+    ("No, that's wrong. It's Canberra.", "That's wrong. It's Canberra."),
+]
+
+
+@pytest.mark.parametrize("next_state,expected", INSTRUCTIONS, ids=[c[0][:40] for c in INSTRUCTIONS])
+def test_correction_hint_states_the_request_as_an_instruction(next_state, expected):
+    assert J.correction(_inp(EMAIL_REQ, EMAIL_RESP, next_state, "user")) == expected
+
+
 def test_correction_keeps_the_sentences_that_carry_it():
     text = (
         "Okay. So. I read it twice. It is fine overall. But you forgot the deadline. "
         "And it should mention the landlord's name. Don't sign it with my full name."
     )
     got = J.correction(_inp(EMAIL_REQ, EMAIL_RESP, text, "user"))
-    assert got == (
-        "But you forgot the deadline. And it should mention the landlord's name. Don't sign it with my full name."
-    )
+    # each request restated as an instruction the teacher can follow (METHOD §3)
+    assert got == "Include the deadline. Mention the landlord's name. Don't sign it with my full name."
 
 
 def test_no_correction_from_a_tool_error():
