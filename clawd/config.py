@@ -166,6 +166,13 @@ class TrainingSettings:
         "either way.",
         choices=("base", "policy"),
     )
+    opd_support: str = _f(
+        "student",
+        "Which tokens the on-policy distillation term scores at each position: student (the "
+        "student's top-k, METHOD.md §4) or union (the student's top-k and the teacher's: a token "
+        "the student never ranks, the 'Cheers' it never writes, gets a signal too).",
+        choices=("student", "union"),
+    )
     max_tokens: int = _f(
         512, "Longest prompt+response a sample may have; longer prompts are cut from the left.", min=16
     )
@@ -181,6 +188,18 @@ class TrainingSettings:
         "Eval gate: the candidate's mean per-token KL to the base model on the canary "
         "prompts must stay under this (nats).",
         min=0.0,
+    )
+    qa_canary: bool = _f(
+        True,
+        "Eval gate: answer a fixed factual QA set (50 short questions, greedy, exact match) under the "
+        "parent and the candidate, and refuse a candidate that loses accuracy (training.qa_max_drop).",
+    )
+    qa_max_drop: float = _f(
+        2.0,
+        "Eval gate: the most QA-canary accuracy (percentage points) a candidate may lose against its "
+        "parent, whatever its preference gain (2.0 = one question of the 50).",
+        min=0.0,
+        max=100.0,
     )
     nice: int = _f(19, "CPU niceness of the trainer process (19 = lowest priority).", min=0, max=19)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 from dataclasses import dataclass
 
 from clawd.config import TrainingSettings
@@ -21,7 +22,8 @@ from clawd.store import adapters as adapter_rows
 from clawd.store import signals, turns
 from clawd.store.db import Database
 from clawd.templates import TRANSCRIPT_PREAMBLE
-from clawd.training.data import Job, Sample, TurnEnd
+from clawd.training.data import Job, QAQuestion, Sample, TurnEnd
+from clawd.training.qa import QA_MAX_TOKENS, QA_SET
 
 # Fixed prompts for the eval gate's forgetting check (KL to the base model) and the live check
 # after a swap: general requests no personal preference should change much.
@@ -120,6 +122,30 @@ def canary_samples(model: ServedModel) -> list[Sample]:
     return out
 
 
+def qa_questions(model: ServedModel) -> list[QAQuestion]:
+    """The capability canary's questions (training/qa.py) in the served model's own template."""
+    return [
+        QAQuestion(model.prompt_ids([Message(role="user", content=question)]), list(accepted))
+        for question, accepted in QA_SET
+    ]
+
+
+def qa_fingerprint(questions: list[QAQuestion], end: TurnEnd) -> str:
+    """What a QA result depends on besides the weights: the token ids asked, the answers
+    accepted, how answers end and how long they may be."""
+    what = [[q.prompt_ids, q.accepted] for q in questions], end.stops, QA_MAX_TOKENS
+    return hashlib.sha256(json.dumps(what).encode()).hexdigest()[:16]
+
+
+def parent_qa(parent: adapter_rows.AdapterRecord | None, fingerprint: str) -> list[bool] | None:
+    """The parent's per-question QA results from its own gate, when it answered the same
+    questions (same fingerprint): the next gate need not ask it again."""
+    qa = (parent.gate or {}).get("qa") if parent else None
+    if isinstance(qa, dict) and qa.get("fingerprint") == fingerprint and isinstance(qa.get("right"), list):
+        return [bool(r) for r in qa["right"]]
+    return None
+
+
 def turn_end(model: ServedModel) -> TurnEnd:
     """The served model's turn ends for the gate: its chat format's stop strings (end-of-turn
     tokens the trainer reads from the tokenizer) and the template text answers must not show."""
@@ -210,6 +236,10 @@ async def build_job(
                 part.append(sample)
     job.canary = canary_samples(model)
     job.turn_end = turn_end(model)
+    if settings.qa_canary:
+        job.qa = qa_questions(model)
+        job.qa_fingerprint = qa_fingerprint(job.qa, job.turn_end)
+        job.parent_qa = parent_qa(parent, job.qa_fingerprint)
     return job
 
 

@@ -33,8 +33,11 @@ def clip(x, lo, hi):
     return min(max(x, lo), hi)
 
 
-def reference_loss(lp_new, lp_old, reward, top_new, top_old, top_teacher, has_hint, mask, w_rl=1.0, w_opd=1.0):
-    """Returns (loss, metrics) exactly as METHOD §5 reads, one sample and one token at a time."""
+def reference_loss(
+    lp_new, lp_old, reward, top_new, top_old, top_teacher, has_hint, mask, w_rl=1.0, w_opd=1.0, top_mask=None
+):
+    """Returns (loss, metrics) exactly as METHOD §5 reads, one sample and one token at a time.
+    `top_mask[b][t][v]`: whether column v is in S_i (a union support of varying size); None = all."""
     B, T, K = np.shape(top_new)
     per_sample, rl_terms, opd_terms, rewards, ratios = [], [], [], [], []
     rl_clipped = opd_clipped = opd_pairs = 0
@@ -61,10 +64,11 @@ def reference_loss(lp_new, lp_old, reward, top_new, top_old, top_teacher, has_hi
         if do_opd:
             terms = []
             for t in tokens:
-                old = [float(x) for x in top_old[b][t]]
-                z = sum(math.exp(x) for x in old)  # softmax over S_i (unshifted is fine here)
+                support = [v for v in range(K) if top_mask is None or top_mask[b][t][v]]
+                old = {v: float(top_old[b][t][v]) for v in support}
+                z = sum(math.exp(x) for x in old.values())  # softmax over S_i (unshifted is fine here)
                 term = 0.0
-                for v in range(K):
+                for v in support:
                     weight = math.exp(old[v]) / z
                     delta = clip(top_teacher[b][t][v] - old[v], -C, C)
                     a = weight * delta
@@ -257,6 +261,53 @@ def test_clip_branches_by_hand():
     b["lp_new"][:] = b["lp_old"] + 30.0
     b["has_hint"][:] = False
     assert run_mlx(b)[0] == pytest.approx(math.exp(20.0), rel=1e-5)
+
+
+# ---------------------------------------------------------------- union support (opd_support = "union")
+
+
+def union_batch(rng, B=6, T=7, k=4):
+    """Supports of varying size: the student's k columns always real, then 0..k teacher columns."""
+    b = random_batch(rng, B=B, T=T, K=2 * k)
+    extra = rng.integers(0, k + 1, (B, T))
+    b["top_mask"] = (np.arange(2 * k)[None, None] < (k + extra)[..., None]).astype(np.float64)
+    return b
+
+
+@pytest.mark.parametrize("case", ["hint_only", "mixed"])
+def test_union_support_matches_reference(case):
+    rng = np.random.default_rng(21 if case == "mixed" else 22)
+    for _ in range(5):
+        b = union_batch(rng)
+        if case == "hint_only":
+            b["reward"], b["has_hint"] = np.zeros(6), np.ones(6, bool)
+        _, m = assert_matches(b)
+        assert m["n_samples"] > 0
+    # the mask matters: the same numbers read as a full 2k-wide support give another loss
+    full = {key: v for key, v in b.items() if key != "top_mask"}
+    assert abs(run_mlx(full)[0] - run_mlx(b)[0]) > 1e-4
+
+
+def test_union_padding_columns_are_ignored_even_if_garbage():
+    rng = np.random.default_rng(23)
+    b = union_batch(rng)
+    b["has_hint"][:] = True
+    want, _ = assert_matches(b)
+    pad = np.broadcast_to(b["top_mask"] == 0, b["top_new"].shape)
+    dirty = {key: v.copy() for key, v in b.items()}
+    dirty["top_new"][pad], dirty["top_old"][pad], dirty["top_teacher"][pad] = np.inf, np.nan, -np.inf
+    got, got_m = run_mlx(dirty)
+    assert got == pytest.approx(want, rel=1e-5)
+    args = {key: mx.array(v.astype(np.float32) if v.dtype == np.float64 else v) for key, v in dirty.items()}
+    g = np.array(mx.grad(lambda top: hybrid_loss(**{**args, "top_new": top})[0])(args["top_new"]))
+    assert np.isfinite(g).all() and (g[pad] == 0).all() and np.abs(g[~pad]).max() > 0
+
+
+def test_all_real_mask_is_the_student_support():
+    """opd_support = "student" is the union code path with every column real: same numbers."""
+    b = random_batch(np.random.default_rng(24))
+    with_mask = {**b, "top_mask": np.ones_like(b["top_new"])}
+    assert run_mlx(with_mask) == run_mlx(b)
 
 
 def test_loss_gradient_matches_reference_differences():
@@ -547,3 +598,68 @@ def test_student_view_is_topk_then_response_logprobs_in_one_pass(lm, chunk, monk
     assert len(calls) == 1
     np.testing.assert_array_equal(got_ids, want_ids)
     np.testing.assert_array_equal(got_lp, want_lp)
+
+
+def test_union_support_ids_by_hand():
+    from clawd.training.evaluate import union_support
+
+    student = np.array([[5, 6, 7], [1, 2, 3]])
+    teacher = np.array([[7, 9, 5], [3, 2, 1]])
+    ids, mask = union_support(student, teacher)
+    # the student's top-k first in its order, then the teacher's new ids in the teacher's order;
+    # the second row adds nothing and is padded with its own first id
+    np.testing.assert_array_equal(ids, [[5, 6, 7, 9], [1, 2, 3, 1]])
+    np.testing.assert_array_equal(mask, [[1, 1, 1, 1], [1, 1, 1, 0]])
+
+
+@pytest.mark.parametrize("teacher", ["base", "policy"])
+def test_union_views_against_an_independent_forward(lm, teacher):
+    """sample_views with support "union": column 1.. k are π_old's top-k, the rest the teacher's
+    own top-k it lacks (the chosen teacher's: a fresh base model, or the policy), and old /
+    teacher are full-softmax log-probs of π_old / the hinted teacher at those ids."""
+    from clawd.training.data import Sample
+    from clawd.training.evaluate import sample_views
+
+    rng = np.random.default_rng(25)
+    prompt, hinted, response = ([int(t) for t in rng.integers(0, 100, n)] for n in (5, 9, 7))
+    k = 4
+    view = sample_views(lm, Sample("t", prompt, response, 1, hinted), k, teacher, "union")
+    scorer = tiny_lm(0) if teacher == "base" else lm
+    t_lp = full_logsoftmax(scorer, mx.array(hinted + response, dtype=mx.int32))[8:-1]
+    s_lp = full_logsoftmax(lm, mx.array(prompt + response, dtype=mx.int32))[4:-1]
+    ids, mask = view["ids"], view["mask"].astype(bool)
+    assert ids.shape[1] > 1 + k and mask.sum() > len(response) * k  # the teacher added tokens
+    for i in range(len(response)):
+        support = ids[i, 1:][mask[i]].tolist()
+        want = list(np.argsort(-s_lp[i])[:k]) + [v for v in np.argsort(-t_lp[i])[:k] if v not in support[:k]]
+        assert support == want
+        assert ids[i, 0] == response[i]
+    np.testing.assert_allclose(view["old"], np.take_along_axis(s_lp, ids, 1), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(view["teacher"], np.take_along_axis(t_lp, ids[:, 1:], 1), rtol=1e-5, atol=1e-5)
+    # no hint: no teacher, no union, the student's top-k alone
+    plain = sample_views(lm, Sample("t", prompt, response, 1, None), k, teacher, "union")
+    assert plain["teacher"] is None and plain["mask"] is None and plain["ids"].shape[1] == 1 + k
+
+
+def test_union_prepare_caches_the_mask_and_trains_at_ratio_one(lm, tmp_path):
+    """prepare() keeps the union views (mask included) across a resume, and the loss at the
+    prepared weights has ratio exactly 1: π_old comes from the very function training calls."""
+    from clawd.training.data import Sample
+    from clawd.training.loss import LossWeights
+    from clawd.training.run import metric_counts, prepare, sample_loss
+
+    rng = np.random.default_rng(26)
+    sample = Sample(
+        "t",
+        [int(t) for t in rng.integers(0, 100, 5)],
+        [int(t) for t in rng.integers(0, 100, 6)],
+        1,
+        [3, 4, 5, 6, 7, 8, 9],
+    )
+    (first,) = prepare(lm, [sample], 4, tmp_path / "p.npz", lambda i, n: None, "base", "union")
+    (again,) = prepare(lm, [sample], 4, tmp_path / "p.npz", lambda i, n: None, "base", "union")
+    for name in ("ids", "old", "teacher", "mask"):
+        np.testing.assert_array_equal(first[name], again[name])
+    _, m = sample_loss(lm, sample, again, LossWeights())
+    assert float(m["ratio_mean"]) == 1.0 and float(m["opd_clip_frac"]) == 0.0
+    assert metric_counts(sample, 4, LossWeights(), again["mask"])["opd_clip_frac"] == again["mask"].sum()

@@ -43,6 +43,15 @@ class TurnEnd:
 
 
 @dataclass
+class QAQuestion:
+    """One question of the capability canary (training/qa.py), tokenized by the daemon with
+    the served model's template, and the answers that count as right."""
+
+    prompt_ids: list[int]
+    accepted: list[str]
+
+
+@dataclass
 class Job:
     id: str
     model_path: str
@@ -56,6 +65,11 @@ class Job:
     created_at: float = field(default_factory=time.time)
     top_k: int = DEFAULT_TOP_K  # mining.top_k: the student's top-k per position for OPD (METHOD §4)
     turn_end: TurnEnd | None = None  # None: a job file written before the gate checked turn ends
+    qa: list[QAQuestion] = field(default_factory=list)  # empty: no QA canary (off, or an older job file)
+    # The parent's per-question QA results from its own gate, when it was asked these very
+    # questions: the gate then asks only the candidate. None: the gate asks the parent too.
+    parent_qa: list[bool] | None = None
+    qa_fingerprint: str | None = None  # jobs.qa_fingerprint: kept in the gate's result for the next job
 
     @property
     def settings(self) -> TrainingSettings:
@@ -74,4 +88,5 @@ def read_job(path: Path) -> Job:
         d[part] = [Sample(**s) for s in d[part]]
     if d.get("turn_end") is not None:
         d["turn_end"] = TurnEnd(**d["turn_end"])
+    d["qa"] = [QAQuestion(**q) for q in d.get("qa", [])]
     return Job(**d)

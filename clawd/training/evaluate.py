@@ -10,20 +10,25 @@ TrainingSettings, and promotion itself is clawd/adapters.py's job.
 - Forgetting: mean per-token KL(candidate ‖ base) over the canary answers.
 - Turn ends: greedy canary answers, parent vs candidate, must end as often (within
   END_RATE_TOLERANCE) and show no template text the parent did not.
+- Capability canary: the fixed factual QA set (training/qa.py) answered greedily by the parent
+  and the candidate; a candidate that loses more than training.qa_max_drop points is refused.
 - Probe: per-token Δ log-prob (candidate − base) on one sample, so the daemon can check the
   adapter llama.cpp serves moves the same tokens the same way (live check).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextlib import contextmanager, nullcontext
 
 import mlx.core as mx
 import numpy as np
 from mlx.utils import tree_flatten, tree_unflatten
 
-from clawd.training.data import Sample, TurnEnd
+from clawd.training import qa as qa_score
+from clawd.training.data import QAQuestion, Sample, TurnEnd
 from clawd.training.loss import positions, response_logprobs
+from clawd.training.qa import QA_MAX_TOKENS
 
 
 def lora_modules(model):
@@ -93,11 +98,67 @@ def teacher_view(lm, s: Sample, top_ids: np.ndarray, teacher: str = "base") -> n
     return np.array(lp)
 
 
-def advantages(top_old: np.ndarray, top_teacher: np.ndarray, delta_clip: float) -> np.ndarray:
-    """A_v = softmax_S(ℓ_old)(v) · clip(ℓ_T(v) − ℓ_old(v), −C, C)  (METHOD §5)."""
-    w = np.exp(top_old - top_old.max(axis=1, keepdims=True))
+def union_support(student_ids: np.ndarray, teacher_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """S_i ∪ T_i per position (training.opd_support = "union"): (ids (n, K'), mask (n, K')).
+    The student's top-k first, in its order (so column 0.. k−1 are S_i as in "student"), then
+    the teacher's ids the student does not rank, in the teacher's order; rows are padded to
+    the widest union with the row's own first id (a valid id to gather; mask 0)."""
+    rows = []
+    for s, t in zip(student_ids.tolist(), teacher_ids.tolist()):
+        rows.append(s + [v for v in dict.fromkeys(t) if v not in s])
+    width = max((len(r) for r in rows), default=student_ids.shape[1])
+    ids = np.array([r + [r[0]] * (width - len(r)) for r in rows], dtype=np.int32).reshape(len(rows), width)
+    mask = np.array([[1] * len(r) + [0] * (width - len(r)) for r in rows], dtype=np.float32).reshape(len(rows), width)
+    return ids, mask
+
+
+def teacher_topk(lm, s: Sample, k: int, teacher: str = "base", chunk: int = 64) -> np.ndarray:
+    """The teacher's own top-k ids (n, k) at each response position of the hinted context,
+    most likely first: T_i of METHOD §4, scored by the teacher the loss uses."""
+    ids, n_prompt = tokens(s, teacher=True)
+    out = []
+    with base_model(lm.model) if teacher == "base" else nullcontext():
+        h = positions(lm, ids, n_prompt)
+        for c in range(0, h.shape[0], chunk):
+            logits = lm.logits(h[c : c + chunk])
+            top = mx.argpartition(-logits, kth=k - 1, axis=-1)[:, :k]
+            order = mx.argsort(-mx.take_along_axis(logits, top, axis=-1), axis=-1)
+            top = mx.take_along_axis(top, order, axis=-1)
+            mx.eval(top)
+            out.append(np.array(top, dtype=np.int32))
+    return np.concatenate(out)
+
+
+def sample_views(lm, s: Sample, k: int, teacher: str = "base", support: str = "student") -> dict:
+    """Everything the loss and the gate need of one sample under the weights in place (π_old):
+    ids (n, 1+K) = the sampled token then the support S_i; old (n, 1+K) = π_old there;
+    teacher (n, K) = the teacher + hint there, or None without a hint; mask (n, K) = which
+    support columns are real (None: all, the student's top-k).
+
+    support "union": S_i ∪ T_i for a hinted sample. π_old at the union comes from
+    loss.response_logprobs, the very function training calls, so the first step's ratio is
+    exactly 1 on every column; one more student pass (and one teacher pass for T_i) per sample."""
+    ids, old = student_view(lm, s, k)
+    if s.teacher_prompt_ids is None or support != "union":
+        return {"ids": ids, "old": old, "teacher": teacher_view(lm, s, ids[:, 1:], teacher), "mask": None}
+    union, mask = union_support(ids[:, 1:], teacher_topk(lm, s, k, teacher))
+    ids = np.concatenate([ids[:, :1], union], axis=1)
+    t, n_prompt = tokens(s)
+    old = response_logprobs(lm, t, n_prompt, mx.array(ids))
+    mx.eval(old)
+    return {"ids": ids, "old": np.array(old), "teacher": teacher_view(lm, s, union, teacher), "mask": mask}
+
+
+def advantages(
+    top_old: np.ndarray, top_teacher: np.ndarray, delta_clip: float, mask: np.ndarray | None = None
+) -> np.ndarray:
+    """A_v = softmax_S(ℓ_old)(v) · clip(ℓ_T(v) − ℓ_old(v), −C, C)  (METHOD §5); `mask`: which
+    columns are in S_i (a union support's padding gets no weight and A_v = 0)."""
+    real = np.ones_like(top_old, dtype=bool) if mask is None else mask.astype(bool)
+    x = np.where(real, top_old, -np.inf)
+    w = np.where(real, np.exp(x - x.max(axis=1, keepdims=True)), 0.0)
     w /= w.sum(axis=1, keepdims=True)
-    return w * np.clip(top_teacher - top_old, -delta_clip, delta_clip)
+    return np.where(real, w * np.clip(top_teacher - top_old, -delta_clip, delta_clip), 0.0)
 
 
 def direction(
@@ -109,6 +170,7 @@ def direction(
     delta_clip: float,
     teacher: str = "base",
     prepared: list[dict] | None = None,
+    support: str = "student",
 ) -> dict:
     """Mean signalled-direction gain of the candidate over the active adapter.
 
@@ -121,18 +183,19 @@ def direction(
         set_lora_params(lm.model, candidate)
     for i, s in enumerate(samples):
         if prepared is not None:
-            ids, lp_active, top_teacher = prepared[i]["ids"], prepared[i]["old"], prepared[i]["teacher"]
+            view = prepared[i]
         else:
             set_lora_params(lm.model, active)
-            ids, lp_active = student_view(lm, s, k)
-            top_teacher = teacher_view(lm, s, ids[:, 1:], teacher)
+            view = sample_views(lm, s, k, teacher, support)
             set_lora_params(lm.model, candidate)
+        ids, lp_active, top_teacher = view["ids"], view["old"], view["teacher"]
         t, n_prompt = tokens(s)
         lp_cand = np.array(response_logprobs(lm, t, n_prompt, mx.array(ids)))
         diff = lp_cand - lp_active
         gain = s.reward * float(diff[:, 0].mean()) if s.reward else 0.0
         if top_teacher is not None:
-            gain += float((advantages(lp_active[:, 1:], top_teacher, delta_clip) * diff[:, 1:]).sum(axis=1).mean())
+            adv = advantages(lp_active[:, 1:], top_teacher, delta_clip, view.get("mask"))
+            gain += float((adv * diff[:, 1:]).sum(axis=1).mean())
         gains.append(gain)
     set_lora_params(lm.model, candidate)
     return {
@@ -182,16 +245,24 @@ def probe(lm, s: Sample, max_response: int = 64) -> dict:
 END_RATE_TOLERANCE = 0.05
 
 
-def greedy_answer(lm, prompt_ids: list[int], turn_end: TurnEnd) -> tuple[str, bool]:
+def greedy_answer(
+    lm,
+    prompt_ids: list[int],
+    turn_end: TurnEnd,
+    max_tokens: int | None = None,
+    enough: Callable[[str], bool] | None = None,
+) -> tuple[str, bool]:
     """The greedy answer (text before any stop) and whether the turn ended within
-    turn_end.max_tokens, at an end-of-turn token or a stop string."""
+    `max_tokens` (default turn_end.max_tokens), at an end-of-turn token or a stop string.
+    `enough(text)`: stop early once it holds (the QA canary stops at a right answer: its
+    verdict cannot change after that); such an answer counts as not ended."""
     from mlx_lm.models.cache import make_prompt_cache
 
     cache = make_prompt_cache(lm.model)
     end_ids = lm.tokenizer.eos_ids
     out: list[int] = []
     step = mx.array(prompt_ids, dtype=mx.int32)[None]
-    for _ in range(turn_end.max_tokens):
+    for _ in range(turn_end.max_tokens if max_tokens is None else max_tokens):
         tok = int(mx.argmax(lm.model(step, cache=cache)[0, -1]).item())
         if tok in end_ids:
             return lm.tokenizer.decode(out), True
@@ -200,6 +271,8 @@ def greedy_answer(lm, prompt_ids: list[int], turn_end: TurnEnd) -> tuple[str, bo
         hit = min((i for i in (text.find(s) for s in turn_end.stops if s) if i >= 0), default=-1)
         if hit >= 0:
             return text[:hit], True
+        if enough is not None and enough(text):
+            return text, False
         step = mx.array([[tok]], dtype=mx.int32)
     return lm.tokenizer.decode(out), False
 
@@ -233,7 +306,53 @@ def turn_end_check(lm, canary: list[Sample], parent: dict, candidate: dict, turn
     }
 
 
-def refusals(gate: dict, kl_bound: float) -> list[str]:
+def qa_answers(lm, qa: list[QAQuestion], turn_end: TurnEnd, max_tokens: int = QA_MAX_TOKENS) -> list[tuple[str, bool]]:
+    """(greedy answer, right?) per canary question under the weights in place. Generation
+    stops at a right answer (its verdict is final: scoring is "contains"), so a model that
+    knows the facts costs a few tokens a question."""
+    out = []
+    for q in qa:
+        text, _ = greedy_answer(
+            lm, q.prompt_ids, turn_end, max_tokens, lambda t, a=q.accepted: qa_score.is_correct(t, a)
+        )
+        out.append((text, qa_score.is_correct(text, q.accepted)))
+    return out
+
+
+def qa_check(
+    lm, questions: list[QAQuestion], parent: dict, candidate: dict, turn_end: TurnEnd, parent_result: dict | None = None
+) -> dict:
+    """The capability canary: QA accuracy of the parent and the candidate, and the questions the
+    candidate lost (right under the parent, wrong now, with its answer). `parent_result`: the
+    parent's per-question `right` list when already known (its own gate measured it), so only
+    the candidate is asked. Leaves the candidate's weights in place."""
+    if parent_result is not None and len(parent_result) == len(questions):
+        parent_right = [bool(r) for r in parent_result]
+    else:
+        set_lora_params(lm.model, parent)
+        parent_right = [ok for _, ok in qa_answers(lm, questions, turn_end)]
+    set_lora_params(lm.model, candidate)
+    cand = qa_answers(lm, questions, turn_end)
+    right = [ok for _, ok in cand]
+    return {
+        "n": len(questions),
+        "accuracy": qa_score.accuracy(right),
+        "accuracy_parent": qa_score.accuracy(parent_right),
+        "right": right,
+        "lost": [
+            {"question": i, "answer": a[:120]}
+            for i, ((a, ok), was) in enumerate(zip(cand, parent_right))
+            if was and not ok
+        ],
+    }
+
+
+def qa_drop_points(qa: dict) -> float:
+    """Accuracy lost against the parent, in percentage points (rounded: 1 of 50 is 2.0, not 2.0000000000000018)."""
+    return round((qa["accuracy_parent"] - qa["accuracy"]) * 100, 6)
+
+
+def refusals(gate: dict, kl_bound: float, qa_max_drop: float = 2.0) -> list[str]:
     """Why the gate refuses the candidate (empty: it passes), in words for the CLI and TUI."""
     out = []
     if gate.get("gain") is None or gate["gain"] <= 0:
@@ -250,4 +369,10 @@ def refusals(gate: dict, kl_bound: float) -> list[str]:
         if end["leaks"]:
             shown = sorted({m for leak in end["leaks"] for m in leak["markers"]})
             out.append(f"its canary answers show template text ({', '.join(repr(m) for m in shown)})")
+    qa = gate.get("qa")
+    if qa and qa_drop_points(qa) > qa_max_drop:
+        out.append(
+            f"it answers fewer factual questions right (QA canary {qa['accuracy']:.0%}, parent "
+            f"{qa['accuracy_parent']:.0%}: −{qa_drop_points(qa):g} points > {qa_max_drop:g})"
+        )
     return out

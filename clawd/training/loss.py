@@ -58,15 +58,21 @@ def hybrid_loss(
     has_hint: mx.array,  # (B,) bool
     mask: mx.array,  # (B, T) 1 for real response tokens, 0 for padding
     weights: LossWeights = LossWeights(),
+    top_mask: mx.array | None = None,  # (B, T, K) 1 where v is in S_i; None = every column is
 ) -> tuple[mx.array, dict[str, mx.array]]:
     """L = mean over samples with a term of (w_RL·mean_i L_RL,i + w_OPD·mean_i L_OPD,i).
 
     Log-probs are global (full-vocabulary softmax), never renormalised over S_i.
+    `top_mask`: a support of varying size per position (training.opd_support = "union": the
+    student's top-k ∪ the teacher's, padded to K columns); w_v is then the softmax over the
+    real columns only, and padding columns add nothing to the loss or the clip fraction.
     Returns (scalar loss, metrics); metrics are detached and pooled over tokens where
     they are per-token quantities (ratio_mean, clip fractions)."""
     w = weights
     m = mask.astype(mx.bool_)
     mk = m[..., None]
+    if top_mask is not None:
+        mk = mk & top_mask.astype(mx.bool_)
     # Padding may hold anything: zero it first so nothing non-finite reaches the arithmetic.
     lp_new = mx.where(m, lp_new, 0.0)
     lp_old = mx.stop_gradient(mx.where(m, lp_old, 0.0))
@@ -88,11 +94,15 @@ def hybrid_loss(
     rl_i, rl_clipped = _ppo(ratio, reward[:, None], w.clip_low, w.clip_high)
     rl_s = (rl_i * rl_tok).sum(axis=1) / mx.maximum(n_tok, 1)  # (B,) token mean
 
-    # OPD: A_v = softmax_S(ℓ_old)(v) · clip(ℓ_T(v) − ℓ_old(v), −C, C), both detached.
-    adv = mx.softmax(top_old, axis=-1) * mx.clip(top_teacher - top_old, -w.delta_clip, w.delta_clip)
+    # OPD: A_v = softmax_S(ℓ_old)(v) · clip(ℓ_T(v) − ℓ_old(v), −C, C), both detached. The
+    # softmax runs over S_i only: padding columns get a finite −1e9 (exp → 0; a row with no
+    # real column, i.e. a padding token, stays finite and is masked below) and A_v = 0.
+    weight = mx.softmax(mx.where(mk, top_old, -1e9), axis=-1)
+    adv = mx.where(mk, weight * mx.clip(top_teacher - top_old, -w.delta_clip, w.delta_clip), 0.0)
     rho_v = _ratio(top_new, top_old, w.ratio_log_clamp)
     opd_v, opd_clipped = _ppo(rho_v, adv, w.opd_clip_low, w.opd_clip_high)
     opd_s = (opd_v.sum(axis=-1) * opd_tok).sum(axis=1) / mx.maximum(n_tok, 1)
+    pair = mx.broadcast_to(mk, top_new.shape).astype(lp_new.dtype) * opd_tok[..., None]  # (B, T, K) real OPD pairs
 
     per_sample = w.rl * mx.where(has_rl, rl_s, 0.0) + w.opd * mx.where(has_opd, opd_s, 0.0)
     n = counted.sum()
@@ -101,12 +111,12 @@ def hybrid_loss(
     def frac(num, den):
         return mx.stop_gradient(num.sum() / mx.maximum(den.sum(), 1))
 
-    n_rl_tok, n_opd_pairs = rl_tok.sum(), opd_tok.sum() * top_new.shape[-1]
+    n_rl_tok, n_opd_pairs = rl_tok.sum(), pair.sum()
     metrics = {
         "rl": frac(mx.where(has_rl, rl_s, 0.0), has_rl),
         "opd": frac(mx.where(has_opd, opd_s, 0.0), has_opd),
         "rl_clip_frac": mx.stop_gradient((rl_clipped * rl_tok).sum() / mx.maximum(n_rl_tok, 1)),
-        "opd_clip_frac": mx.stop_gradient((opd_clipped * opd_tok[..., None]).sum() / mx.maximum(n_opd_pairs, 1)),
+        "opd_clip_frac": mx.stop_gradient((opd_clipped * pair).sum() / mx.maximum(n_opd_pairs, 1)),
         "reward_mean": frac(reward * has_rl, has_rl),
         "ratio_mean": mx.stop_gradient((ratio * rl_tok).sum() / mx.maximum(n_rl_tok, 1)),
         "n_samples": n,

@@ -93,30 +93,37 @@ def attach_lora(lm, settings, parent_path: str | None) -> str | None:
     return note
 
 
+VIEWS = ("ids", "old", "teacher", "mask")  # evaluate.sample_views' arrays (teacher, mask: may be None)
+
+
 def prepare(
-    lm, samples, k: int, cache: Path, progress: Callable[[int, int], None], teacher: str = "base"
+    lm,
+    samples,
+    k: int,
+    cache: Path,
+    progress: Callable[[int, int], None],
+    teacher: str = "base",
+    support: str = "student",
 ) -> list[dict]:
-    """π_old (the current LoRA = the parent) at the sampled tokens and its top-k, and the
-    teacher (training.teacher + hint) at that top-k, for every sample: recomputed in MLX so
-    no ratio mixes engines (STACK.md). Cached in the job dir for resumes."""
+    """π_old (the current LoRA = the parent) at the sampled tokens and the OPD support (its
+    top-k, or with support "union" its top-k ∪ the teacher's), and the teacher (training.teacher
+    + hint) on that support, for every sample: recomputed in MLX so no ratio mixes engines
+    (STACK.md); the teacher's top-k comes from the same teacher the loss uses. Cached in the
+    job dir for resumes."""
     import numpy as np
 
-    from clawd.training.evaluate import student_view, teacher_view
+    from clawd.training.evaluate import sample_views
 
     if cache.exists():
         with np.load(cache) as z:
             return [
-                {"ids": z[f"ids{i}"], "old": z[f"old{i}"], "teacher": z[f"teacher{i}"] if f"teacher{i}" in z else None}
-                for i in range(len(samples))
+                {name: z[f"{name}{i}"] if f"{name}{i}" in z else None for name in VIEWS} for i in range(len(samples))
             ]
     out = []
     for i, s in enumerate(samples):
-        ids, old = student_view(lm, s, k)
-        out.append({"ids": ids, "old": old, "teacher": teacher_view(lm, s, ids[:, 1:], teacher)})
+        out.append(sample_views(lm, s, k, teacher, support))
         progress(i + 1, len(samples))
-    arrays = {
-        f"{name}{i}": p[name] for i, p in enumerate(out) for name in ("ids", "old", "teacher") if p[name] is not None
-    }
+    arrays = {f"{name}{i}": p[name] for i, p in enumerate(out) for name in VIEWS if p[name] is not None}
     tmp = cache.with_name("prepared.tmp.npz")
     np.savez(tmp, **arrays)
     os.replace(tmp, cache)
@@ -134,7 +141,7 @@ def sample_loss(lm, sample, prep, weights):
     lp = response_logprobs(lm, ids, n_prompt, mx.array(prep["ids"]))
     old = mx.array(prep["old"])
     n, k = prep["ids"].shape[0], prep["ids"].shape[1] - 1
-    teacher = prep["teacher"]
+    teacher, support = prep["teacher"], prep.get("mask")
     return hybrid_loss(
         lp[None, :, 0],
         old[None, :, 0],
@@ -145,6 +152,7 @@ def sample_loss(lm, sample, prep, weights):
         mx.array([teacher is not None]),
         mx.ones((1, n)),
         weights,
+        None if support is None else mx.array(support)[None],
     )
 
 
@@ -152,10 +160,12 @@ def batches(n: int, batch_size: int) -> list[list[int]]:
     return [list(range(i, min(i + batch_size, n))) for i in range(0, n, batch_size)]
 
 
-def metric_counts(sample, k: int, weights) -> dict[str, float]:
+def metric_counts(sample, k: int, weights, support=None) -> dict[str, float]:
     """What each of one sample's metrics is a mean over (METHOD §5): the samples, tokens or
-    (token, v) pairs where its term exists; 0 = the term is absent (no r, no hint, weight 0)."""
+    (token, v) pairs where its term exists; 0 = the term is absent (no r, no hint, weight 0).
+    `support`: the sample's union-support mask (its real (token, v) pairs), if it has one."""
     n = len(sample.response_ids)
+    pairs = n * k if support is None else float(support.sum())
     rl = float(n > 0 and bool(sample.reward) and weights.rl != 0)
     opd = float(n > 0 and sample.teacher_prompt_ids is not None and weights.opd != 0)
     return {
@@ -164,7 +174,7 @@ def metric_counts(sample, k: int, weights) -> dict[str, float]:
         "ratio_mean": rl * n,
         "rl_clip_frac": rl * n,
         "opd": opd,
-        "opd_clip_frac": opd * n * k,
+        "opd_clip_frac": opd * pairs,
     }
 
 
@@ -309,7 +319,7 @@ def run(job_dir: Path, cache_dir: Path, out_dir: Path, *, stock_blas: bool = Fal
             raise StopRequested
 
     try:
-        prep = prepare(lm, job.train, k, job_dir / "prepared.npz", prepared, cfg.teacher)
+        prep = prepare(lm, job.train, k, job_dir / "prepared.npz", prepared, cfg.teacher, cfg.opd_support)
     except StopRequested:
         emit("stopped", step=0, total=0)
         return STOPPED
@@ -340,7 +350,7 @@ def run(job_dir: Path, cache_dir: Path, out_dir: Path, *, stock_blas: bool = Fal
         optimizer,
         cfg.grad_clip,
         on_step,
-        counts=lambda i: metric_counts(job.train[i], k, weights),
+        counts=lambda i: metric_counts(job.train[i], k, weights, prep[i]["mask"]),
     )
     # A stop during the last step counts too: checkpoint at len(plan), and a resume goes
     # straight to the gate (the daemon SIGKILLs a trainer that ignores SIGTERM).
@@ -359,6 +369,7 @@ def run(job_dir: Path, cache_dir: Path, out_dir: Path, *, stock_blas: bool = Fal
         weights.delta_clip,
         cfg.teacher,
         prepared=None if job.holdout else prep,  # judged on the training signals: reuse their views
+        support=cfg.opd_support,
     )
     if stop.requested:  # direction() leaves the candidate's weights in place
         return stopped(len(plan))
@@ -367,7 +378,13 @@ def run(job_dir: Path, cache_dir: Path, out_dir: Path, *, stock_blas: bool = Fal
         return stopped(len(plan))
     if job.turn_end is not None and job.canary:
         gate["turn_end"] = evaluate.turn_end_check(lm, job.canary, active, candidate, job.turn_end)
-    gate["refused"] = evaluate.refusals(gate, cfg.kl_bound)
+    if job.qa and job.turn_end is not None:
+        t_qa = time.perf_counter()
+        gate["qa"] = evaluate.qa_check(lm, job.qa, active, candidate, job.turn_end, job.parent_qa)
+        gate["qa"].update(seconds=round(time.perf_counter() - t_qa, 3), fingerprint=job.qa_fingerprint)
+    if stop.requested:
+        return stopped(len(plan))
+    gate["refused"] = evaluate.refusals(gate, cfg.kl_bound, cfg.qa_max_drop)
     gate["passed"] = not gate["refused"]
     probe = evaluate.probe(lm, job.train[0] if job.train else job.canary[0])
     if stop.requested:

@@ -1,0 +1,96 @@
+"""The capability canary: a fixed factual QA set and its exact-match scoring (issue 16 item 5).
+
+Boundary: data and pure-Python scoring only (no MLX, no tokenizer), so the daemon (jobs.py
+tokenizes the questions with the served model's template) and the trainer child (the gate
+answers them greedily, training/evaluate.py) share one definition.
+
+Why: a preference adapter can pass the direction and KL checks and still teach the model to
+be wrong ("Electricity is the power that is produced by the sun."). The gate answers these
+questions under the parent and the candidate and refuses a candidate whose accuracy drops by
+more than training.qa_max_drop.
+
+Scoring (decided, not guessed): an answer is right when its normalised text contains one of
+the question's accepted answers as a whole phrase (lowercase; accents, punctuation and
+hyphens become spaces; whitespace collapsed). "Contains", not "starts with": a base model
+answers in a sentence ("The capital of France is Paris."). Whole phrases keep "4" from
+matching "14" and "seven" from matching "seventy". Every question was chosen so that no
+accepted answer is a word of the question itself and a wrong answer does not contain a right
+one by accident (no "a", no yes/no questions, no Italy: the transcript format's example
+exchange answers it). The embedded Gemma 3 270M base answers 48 of the 50 (96%; docs/learning.md).
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+
+# (question, accepted answers). Order is fixed: the gate's per-question results line up.
+QA_SET: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("What is the capital of France?", ("paris",)),
+    ("What is the capital of Japan?", ("tokyo",)),
+    ("What is the capital of Germany?", ("berlin",)),
+    ("What is the capital of Spain?", ("madrid",)),
+    ("What is the capital of the United Kingdom?", ("london",)),
+    ("What is the capital of Russia?", ("moscow",)),
+    ("What is the capital of China?", ("beijing", "peking")),
+    ("What is the capital of Egypt?", ("cairo",)),
+    ("What is the capital of Canada?", ("ottawa",)),
+    ("What is the capital of Australia?", ("canberra",)),
+    ("What is the capital of Greece?", ("athens",)),
+    ("What is the capital of Ireland?", ("dublin",)),
+    ("What is the capital of Portugal?", ("lisbon",)),
+    ("What is the capital of Norway?", ("oslo",)),
+    ("What is the capital of Austria?", ("vienna",)),
+    ("What is the capital of Poland?", ("warsaw",)),
+    ("What is the capital of South Korea?", ("seoul",)),
+    ("What is the capital of Thailand?", ("bangkok",)),
+    ("What is the capital of Kenya?", ("nairobi",)),
+    ("What is 2 + 2?", ("4", "four")),
+    ("What is 3 + 5?", ("8", "eight")),
+    ("What is 10 - 3?", ("7", "seven")),
+    ("What is 6 times 7?", ("42", "forty two")),
+    ("What is 5 times 5?", ("25", "twenty five")),
+    ("What is 9 + 10?", ("19", "nineteen")),
+    ("How many days are in a week?", ("7", "seven")),
+    ("How many hours are in a day?", ("24", "twenty four")),
+    ("How many minutes are in an hour?", ("60", "sixty")),
+    ("How many months are in a year?", ("12", "twelve")),
+    ("How many legs does a spider have?", ("8", "eight")),
+    ("How many sides does a triangle have?", ("3", "three")),
+    ("How many continents are there?", ("7", "seven")),
+    ("What color is the sky on a clear day?", ("blue",)),
+    ("What color are ripe bananas?", ("yellow",)),
+    ("What color is grass?", ("green",)),
+    ("What is the largest planet in our solar system?", ("jupiter",)),
+    ("Which planet is known as the Red Planet?", ("mars",)),
+    ("What planet do we live on?", ("earth",)),
+    ("What is the largest ocean on Earth?", ("pacific",)),
+    ("What is the tallest mountain in the world?", ("everest",)),
+    ("What is the longest river in Africa?", ("nile",)),
+    ("Who wrote Romeo and Juliet?", ("shakespeare",)),
+    ("Who painted the Mona Lisa?", ("leonardo", "da vinci")),
+    ("Who was the first president of the United States?", ("washington",)),
+    ("What is the chemical symbol for gold?", ("au",)),
+    ("What is frozen water called?", ("ice",)),
+    ("What gas do plants absorb from the air?", ("carbon dioxide", "co2")),
+    ("Which organ pumps blood through the body?", ("heart",)),
+    ("What language is spoken in Brazil?", ("portuguese",)),
+    ("What is the currency of Japan?", ("yen",)),
+)
+QA_MAX_TOKENS = 20  # the longest right answer ("The first president ... was George Washington.") fits
+
+
+def normalise(text: str) -> str:
+    """Lowercase, accents dropped, everything but letters and digits a space, spaces collapsed."""
+    text = unicodedata.normalize("NFKD", text).encode("ascii", "ignore").decode("ascii").lower()
+    return " ".join(re.sub(r"[^a-z0-9]+", " ", text).split())
+
+
+def is_correct(answer: str, accepted: tuple[str, ...] | list[str]) -> bool:
+    """Whether `answer` contains one of `accepted` as a whole phrase (after normalise)."""
+    padded = f" {normalise(answer)} "
+    return any(f" {normalise(a)} " in padded for a in accepted if normalise(a))
+
+
+def accuracy(correct: list[bool]) -> float:
+    return sum(correct) / len(correct) if correct else 0.0
