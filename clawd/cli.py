@@ -213,12 +213,21 @@ def cmd_forget(args) -> int:
     return 0
 
 
+def _qa_text(gate: dict) -> str:
+    """' QA 96% (parent 96%)': the gate's capability canary, when it ran."""
+    qa = gate.get("qa")
+    if not isinstance(qa, dict) or qa.get("accuracy") is None:
+        return ""
+    return f" QA {qa['accuracy']:.0%} (parent {qa.get('accuracy_parent', 0):.0%})"
+
+
 def _adapter_line(a: dict, active: str | None) -> str:
     gate = a.get("gate") or {}
     gain = gate.get("gain")
     mark = "*" if a["id"] == active else " "
     gate_txt = (
         f"gate {'pass' if gate.get('passed') else 'FAIL'} gain {gain:+.4f} KL {gate.get('kl_to_base', 0):.4f}"
+        + _qa_text(gate)
         if gain is not None
         else "gate -"
     )
@@ -334,7 +343,8 @@ def _training_summary(result: dict | None) -> str:
         verdict = result.get("note", "not promoted")
     return (
         f"adapter {result['adapter_id']}: {verdict} (gate gain {gate.get('gain', 0):+.4f} on "
-        f"{gate.get('n', 0)} {gate.get('judged_on', '')} signals, KL to base {gate.get('kl_to_base', 0):.4f})"
+        f"{gate.get('n', 0)} {gate.get('judged_on', '')} signals, KL to base {gate.get('kl_to_base', 0):.4f}"
+        f"{',' + _qa_text(gate) if _qa_text(gate) else ''})"
     )
 
 

@@ -204,23 +204,27 @@ def test_markdown_table_means_over_seeds():
 
 
 @pytest.mark.parametrize(
-    "method,w_rl,w_opd,teacher",
+    "method,w_rl,w_opd,teacher,support",
     [
-        ("hybrid", 1.0, 1.0, "base"),
-        ("rl", 1.0, 0.0, "base"),
-        ("opd", 0.0, 1.0, "base"),
-        ("hybrid-self", 1.0, 1.0, "policy"),
-        ("opd-self", 0.0, 1.0, "policy"),
+        ("hybrid", 1.0, 1.0, "base", "student"),
+        ("rl", 1.0, 0.0, "base", "student"),
+        ("opd", 0.0, 1.0, "base", "student"),
+        ("hybrid-self", 1.0, 1.0, "policy", "student"),
+        ("opd-self", 0.0, 1.0, "policy", "student"),
+        ("union", 1.0, 1.0, "base", "union"),
+        ("opd-union", 0.0, 1.0, "base", "union"),
     ],
 )
-def test_each_method_is_only_loss_weights_and_teacher_and_the_daemon_reads_them(tmp_path, method, w_rl, w_opd, teacher):
+def test_each_method_is_only_loss_weights_and_teacher_and_the_daemon_reads_them(
+    tmp_path, method, w_rl, w_opd, teacher, support
+):
     from clawd.bench.learning import Budget, daemon_settings
     from clawd.config import load_settings
 
     budget = Budget(batch=3, epochs=2, learning_rate=3e-4, kl_bound=0.7, holdout=0.0)
     s = load_settings(tmp_path / "config.toml", daemon_settings(method, budget))
     t = s.training
-    assert (t.w_rl, t.w_opd, t.teacher) == (w_rl, w_opd, teacher)
+    assert (t.w_rl, t.w_opd, t.teacher, t.opd_support) == (w_rl, w_opd, teacher, support)
     assert (t.auto, t.min_signals, t.epochs, t.learning_rate, t.kl_bound, t.holdout) == (False, 3, 2, 3e-4, 0.7, 0.0)
     assert t.batch_size >= 1000  # one run = one batch, whatever the number of signals waiting
     assert s.mining.judge == s.mining.hint_judge == "rules"

@@ -131,6 +131,9 @@ def test_train_promote_serve_and_rollback(train_daemon, train_base):
     aid = res["adapter_id"]
     assert aid == job["job_id"]
     assert res["gate"]["passed"] and res["gate"]["gain"] > 0 and res["gate"]["judged_on"] == "train"
+    # the capability canary ran: the whole QA set, parent (the base) and candidate, kept for the next job
+    qa = res["gate"]["qa"]
+    assert qa["n"] == 50 and len(qa["right"]) == 50 and qa["fingerprint"] and qa["accuracy_parent"] is not None
 
     # The adapter dir is complete: mlx-lm files, metadata naming its signals, and the GGUF LoRA
     # exactly when there is a GGUF base to serve it on.

@@ -25,7 +25,8 @@ the user's correction sentence becomes the hint) and automatic training off. The
 
 Methods differ only in the loss weights (training.w_rl, training.w_opd), as METHOD.md §5
 defines the ablations; the `-self` variants also make the active adapter (each run's π_old)
-the hinted teacher (training.teacher = policy) instead of the frozen base. Before training,
+the hinted teacher (training.teacher = policy) instead of the frozen base; `union` (hybrid)
+and `opd-union` score OPD on the student's top-k ∪ the teacher's (training.opd_support = union). Before training,
 each arm also asks the held-out messages with the user's correction as a hint (the teacher's
 context): how often the hinted base complies bounds what distillation can teach.
 
@@ -67,6 +68,9 @@ METHODS = {
     # The same with the active adapter (each run's π_old) as the hinted teacher (training.teacher = policy).
     "hybrid-self": {"w_rl": 1.0, "w_opd": 1.0, "teacher": "policy"},
     "opd-self": {"w_rl": 0.0, "w_opd": 1.0, "teacher": "policy"},
+    # The OPD support widened to the student's top-k ∪ the teacher's (training.opd_support = union).
+    "union": {"w_rl": 1.0, "w_opd": 1.0, "opd_support": "union"},
+    "opd-union": {"w_rl": 0.0, "w_opd": 1.0, "opd_support": "union"},
 }
 # Far above any run's sample count: one run = one batch = `epochs` optimizer steps.
 ONE_BATCH = 100_000
@@ -110,6 +114,7 @@ def daemon_settings(method: str, budget: Budget) -> dict[str, str]:
         "CLAWD_TRAINING_W_RL": str(w["w_rl"]),
         "CLAWD_TRAINING_W_OPD": str(w["w_opd"]),
         "CLAWD_TRAINING_TEACHER": w.get("teacher", "base"),
+        "CLAWD_TRAINING_OPD_SUPPORT": w.get("opd_support", "student"),
         "CLAWD_MINING_JUDGE": "rules",
         "CLAWD_MINING_HINT_JUDGE": "rules",
         "CLAWD_MINING_QUIET_S": "0",

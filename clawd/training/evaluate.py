@@ -263,7 +263,10 @@ def greedy_answer(
     out: list[int] = []
     step = mx.array(prompt_ids, dtype=mx.int32)[None]
     for _ in range(turn_end.max_tokens if max_tokens is None else max_tokens):
-        tok = int(mx.argmax(lm.model(step, cache=cache)[0, -1]).item())
+        # The LM head on the last position only: on the prompt's prefill, logits at every
+        # position cost ~50 times the head of one (Gemma's 262k vocabulary) and are never read.
+        h = lm.model.model(step, cache=cache)
+        tok = int(mx.argmax(lm.logits(h[0, -1])).item())
         if tok in end_ids:
             return lm.tokenizer.decode(out), True
         out.append(tok)
@@ -306,21 +309,84 @@ def turn_end_check(lm, canary: list[Sample], parent: dict, candidate: dict, turn
     }
 
 
-def qa_answers(lm, qa: list[QAQuestion], turn_end: TurnEnd, max_tokens: int = QA_MAX_TOKENS) -> list[tuple[str, bool]]:
-    """(greedy answer, right?) per canary question under the weights in place. Generation
-    stops at a right answer (its verdict is final: scoring is "contains"), so a model that
-    knows the facts costs a few tokens a question."""
+def _batch_cache(model, left_padding: list[int]) -> list | None:
+    """mlx-lm's batched KV caches (left-padded rows) in the shape of the model's own cache, or
+    None for a cache kind that has no batched form (then answers go one at a time)."""
+    from mlx_lm.models.cache import BatchKVCache, BatchRotatingKVCache, KVCache, RotatingKVCache, make_prompt_cache
+
     out = []
-    for q in qa:
-        text, _ = greedy_answer(
-            lm, q.prompt_ids, turn_end, max_tokens, lambda t, a=q.accepted: qa_score.is_correct(t, a)
-        )
-        out.append((text, qa_score.is_correct(text, q.accepted)))
+    for c in make_prompt_cache(model):
+        if type(c) is RotatingKVCache:
+            out.append(BatchRotatingKVCache(c.max_size, left_padding))
+        elif type(c) is KVCache:
+            out.append(BatchKVCache(left_padding))
+        else:
+            return None
+    return out
+
+
+def batch_greedy_answers(
+    lm, prompts: list[list[int]], turn_end: TurnEnd, max_tokens: int, enough: list[Callable[[str], bool]]
+) -> list[str] | None:
+    """greedy_answer for many prompts at once (left-padded, one batched step per token: the
+    weights are read once per step for every row, not once per row; that read is what a
+    decode step on a CPU costs). Rows end as greedy_answer's do; the batch runs until all have.
+    None when the model's cache has no batched form."""
+    width = max(len(p) for p in prompts)
+    pads = [width - len(p) for p in prompts]
+    cache = _batch_cache(lm.model, pads)
+    if cache is None:
+        return None
+    end_ids = lm.tokenizer.eos_ids
+    out: list[list[int]] = [[] for _ in prompts]
+    texts: list[str | None] = [None] * len(prompts)  # set when the row has ended
+    step = mx.array([[0] * pad + p for pad, p in zip(pads, prompts)], dtype=mx.int32)
+    for _ in range(max_tokens):
+        h = lm.model.model(step, cache=cache)
+        toks = mx.argmax(lm.logits(h[:, -1]), axis=-1)
+        mx.eval(toks)
+        for i, tok in enumerate(toks.tolist()):
+            if texts[i] is not None:
+                continue
+            if tok in end_ids:
+                texts[i] = lm.tokenizer.decode(out[i])
+                continue
+            out[i].append(tok)
+            text = lm.tokenizer.decode(out[i])
+            hit = min((j for j in (text.find(s) for s in turn_end.stops if s) if j >= 0), default=-1)
+            if hit >= 0 or enough[i](text):
+                texts[i] = text[:hit] if hit >= 0 else text
+        if all(t is not None for t in texts):
+            break
+        step = toks[:, None].astype(mx.int32)
+    return [t if t is not None else lm.tokenizer.decode(o) for t, o in zip(texts, out)]
+
+
+QA_BATCH = 64  # questions answered in one batch (the whole set: 50)
+
+
+def qa_answers(lm, qa: list[QAQuestion], turn_end: TurnEnd, max_tokens: int = QA_MAX_TOKENS) -> list[tuple[str, bool]]:
+    """(greedy answer, right?) per canary question under the weights in place, answered in
+    batches. A row stops at a right answer (its verdict is final: scoring is "contains")."""
+    out = []
+    for b in range(0, len(qa), QA_BATCH):
+        part = qa[b : b + QA_BATCH]
+        checks = [lambda t, a=q.accepted: qa_score.is_correct(t, a) for q in part]
+        texts = batch_greedy_answers(lm, [q.prompt_ids for q in part], turn_end, max_tokens, checks)
+        if texts is None:
+            texts = [greedy_answer(lm, q.prompt_ids, turn_end, max_tokens, c)[0] for q, c in zip(part, checks)]
+        out += [(text, qa_score.is_correct(text, q.accepted)) for text, q in zip(texts, part)]
     return out
 
 
 def qa_check(
-    lm, questions: list[QAQuestion], parent: dict, candidate: dict, turn_end: TurnEnd, parent_result: dict | None = None
+    lm,
+    questions: list[QAQuestion],
+    parent: dict,
+    candidate: dict,
+    turn_end: TurnEnd,
+    parent_result: list[bool] | None = None,
+    max_tokens: int = QA_MAX_TOKENS,
 ) -> dict:
     """The capability canary: QA accuracy of the parent and the candidate, and the questions the
     candidate lost (right under the parent, wrong now, with its answer). `parent_result`: the
@@ -330,9 +396,9 @@ def qa_check(
         parent_right = [bool(r) for r in parent_result]
     else:
         set_lora_params(lm.model, parent)
-        parent_right = [ok for _, ok in qa_answers(lm, questions, turn_end)]
+        parent_right = [ok for _, ok in qa_answers(lm, questions, turn_end, max_tokens)]
     set_lora_params(lm.model, candidate)
-    cand = qa_answers(lm, questions, turn_end)
+    cand = qa_answers(lm, questions, turn_end, max_tokens)
     right = [ok for _, ok in cand]
     return {
         "n": len(questions),

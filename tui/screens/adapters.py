@@ -64,6 +64,14 @@ def adapter_info(a: dict) -> Text:
             t.append("turn ends: ", style="bold")
             t.append(f"{end.get('end_rate', 0):.0%} of canary answers end (parent {end.get('end_rate_parent', 0):.0%})")
             t.append(f", template text in {len(end.get('leaks') or [])}\n")
+        qa = gate.get("qa")
+        if isinstance(qa, dict) and qa.get("accuracy") is not None:
+            t.append("QA canary: ", style="bold")
+            t.append(f"{qa['accuracy']:.0%} right (parent {qa.get('accuracy_parent', 0):.0%})")
+            lost = qa.get("lost") or []
+            if lost:
+                t.append(f", {len(lost)} lost, e.g. {lost[0].get('answer', '')!r}", style="red")
+            t.append("\n")
     return t
 
 

@@ -69,6 +69,9 @@ def summary(training: dict) -> Text:
                 f"{result.get('adapter_id')}: {verdict}; gate gain "
                 f"{'-' if gain is None else format(gain, '+.4f')}, KL {gate.get('kl_to_base', 0):.4f}"
             )
+            qa = gate.get("qa")
+            if isinstance(qa, dict) and qa.get("accuracy") is not None:
+                t.append(f", QA {qa['accuracy']:.0%} (parent {qa.get('accuracy_parent', 0):.0%})")
     return t
 
 
