@@ -166,11 +166,17 @@ def test_a_right_answer_stops_generation_early(lm, monkeypatch):
     assert all(shape[:-1] == (1,) for shape in heads), heads
 
 
-def test_batched_answers_are_the_one_at_a_time_answers(lm):
+@pytest.mark.parametrize("shared", [True, False])
+def test_batched_answers_are_the_one_at_a_time_answers(lm, shared):
     """Left-padded batched greedy decoding gives each prompt the answer it gets alone (prompts of
     different lengths; rows that end early at a stop string or a right answer, others that run on)."""
     rng = np.random.default_rng(9)
-    prompts = [[int(t) for t in rng.integers(2, 100, int(n))] for n in rng.integers(3, 20, 12)]
+    # a shared prefix (a template's preamble), then questions of different lengths, one of them
+    # no longer than the prefix plus its last token
+    prefix = [int(t) for t in rng.integers(2, 100, 7)]
+    prompts = [prefix + [int(t) for t in rng.integers(2, 100, int(n))] for n in [1, *rng.integers(2, 12, 11)]]
+    if not shared:  # nothing in common, lengths 1 to 18
+        prompts = [[int(rng.integers(2, 100))] + p[len(prefix) - i % 7 :] for i, p in enumerate(prompts)]
     end = TurnEnd(stops=["w53"], markers=[], max_tokens=8)
     alone = [evaluate.greedy_answer(lm, p, end)[0] for p in prompts]
     picky = [lambda t: False] * 6 + [lambda t, a=a: t.startswith(a.split(" ")[0]) for a in alone[6:]]

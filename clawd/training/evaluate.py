@@ -331,12 +331,17 @@ def batch_greedy_answers(
     """greedy_answer for many prompts at once (left-padded, one batched step per token: the
     weights are read once per step for every row, not once per row; that read is what a
     decode step on a CPU costs). Rows end as greedy_answer's do; the batch runs until all have.
-    None when the model's cache has no batched form."""
+    None when the model's cache has no batched form.
+
+    (Prefilling the template's shared preamble once and tiling its cache would save most of
+    the prefill; tried with mlx-lm 0.32's right-padded prefill + BatchKVCache.finalize, it gave
+    other answers than one at a time on the tiny test model, so it is not done.)"""
     width = max(len(p) for p in prompts)
     pads = [width - len(p) for p in prompts]
     cache = _batch_cache(lm.model, pads)
     if cache is None:
         return None
+    step = mx.array([[0] * pad + p for pad, p in zip(pads, prompts)], dtype=mx.int32)
     end_ids = lm.tokenizer.eos_ids
     out: list[list[int]] = [[] for _ in prompts]
     texts: list[str | None] = [None] * len(prompts)  # set when the row has ended
