@@ -177,13 +177,15 @@ def test_batched_answers_are_the_one_at_a_time_answers(lm, shared):
     prompts = [prefix + [int(t) for t in rng.integers(2, 100, int(n))] for n in [1, *rng.integers(2, 12, 11)]]
     if not shared:  # nothing in common, lengths 1 to 18
         prompts = [[int(rng.integers(2, 100))] + p[len(prefix) - i % 7 :] for i, p in enumerate(prompts)]
-    end = TurnEnd(stops=["w53"], markers=[], max_tokens=8)
-    alone = [evaluate.greedy_answer(lm, p, end)[0] for p in prompts]
-    picky = [lambda t: False] * 6 + [lambda t, a=a: t.startswith(a.split(" ")[0]) for a in alone[6:]]
+    free = [evaluate.greedy_answer(lm, p, TurnEnd(max_tokens=8))[0] for p in prompts]
+    end = TurnEnd(stops=[free[0].split()[3]], markers=[], max_tokens=8)  # a word the first answer says
+    alone = [evaluate.greedy_answer(lm, p, end) for p in prompts]
+    picky = [lambda t: False] * 6 + [lambda t, a=a: t.startswith(a.split(" ")[0]) for a, _ in alone[6:]]
     batched = evaluate.batch_greedy_answers(lm, prompts, end, 8, picky)
-    assert batched[:6] == alone[:6]
-    assert batched[6:] == [a.split(" ")[0] for a in alone[6:]]  # stopped at the first word: "right"
-    assert any("w53" not in a and len(a.split()) == 8 for a in alone[:6])  # some rows ran to max_tokens
+    assert batched[:6] == alone[:6]  # text and whether it ended (at the stop string)
+    # stopped at the first word, as "right": not ended (or ended at once by the stop string)
+    assert [t for t, _ in batched[6:]] == [a.split(" ")[0] if a else "" for a, _ in alone[6:]]
+    assert {ended for _, ended in alone[:6]} == {True, False}  # some rows ended, some ran to max_tokens
 
 
 # ---------------------------------------------------------------- the daemon side
@@ -218,3 +220,50 @@ def test_the_cli_shows_the_canary_and_why_it_refused():
     assert "QA 90% (parent 96%)" in line and "fewer factual questions" in line
     summary = _training_summary({"adapter_id": "a1", "gate": gate, "promoted": False, "note": why})
     assert "QA 90% (parent 96%)" in summary and "fewer factual questions" in summary
+
+
+# ---------------------------------------------------------------- the real embedded model (slow)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_the_embedded_model_knows_the_set_and_a_damaged_adapter_is_refused(tmp_path):
+    """The gate's own path on the embedded Gemma 3 270M: questions in its served template, MLX
+    weights, batched greedy answers. The base answers at least 45 of the 50 (the set was chosen
+    so a healthy model does: docs/learning.md has the measured 48), and an adapter with its
+    LoRA scrambled loses enough of them to be refused."""
+    from mlx_lm.tuner.utils import linear_to_lora_layers
+
+    from clawd import jobs
+    from clawd.engines.llamacpp import Engine
+    from clawd.engines.runner import EngineRunner
+    from clawd.models import EMBEDDED_ID, ensure_embedded_model
+    from clawd.paths import ensure_dirs, resolve_paths
+    from clawd.served import ServedModel
+    from clawd.templates import choose_format
+    from clawd.training.weights import load_model
+    from tests.conftest import make_env
+
+    paths = resolve_paths(make_env(tmp_path / "home"))
+    ensure_dirs(paths)
+    path = ensure_embedded_model(paths)
+    engine = Engine(path, n_ctx=1024, n_threads=2, model_id=EMBEDDED_ID)
+    info = engine.info
+    fmt = choose_format("auto", info.chat_template, info.bos_token, info.eos_token, info.add_bos)
+    served = ServedModel(EngineRunner(engine), fmt)
+    qs, end = jobs.qa_questions(served), jobs.turn_end(served)
+
+    lm = load_model(path, cache_dir=paths.cache_dir)
+    lm.model.freeze()
+    linear_to_lora_layers(
+        lm.model,
+        len(lm.model.layers),
+        {"rank": 4, "scale": 2.0, "dropout": 0.0, "keys": ["self_attn.v_proj", "mlp.down_proj"]},
+    )
+    parent = evaluate.lora_params(lm.model)  # lora_b = 0: exactly the base
+    gate = evaluate.qa_check(lm, qs, parent, damaged(parent, 0.5), end)
+    assert gate["accuracy_parent"] >= 0.9, gate
+    assert gate["accuracy"] <= gate["accuracy_parent"] - 0.1, gate
+    assert any(
+        "factual questions" in why for why in evaluate.refusals({"gain": 1.0, "kl_to_base": 0.0, "qa": gate}, 0.5)
+    )

@@ -287,7 +287,10 @@ def turn_end_check(lm, canary: list[Sample], parent: dict, candidate: dict, turn
     answers = {}
     for name, params in (("parent", parent), ("candidate", candidate)):
         set_lora_params(lm.model, params)
-        answers[name] = [greedy_answer(lm, s.prompt_ids, turn_end) for s in canary]
+        prompts = [s.prompt_ids for s in canary]
+        never = [lambda _t: False] * len(prompts)
+        batched = batch_greedy_answers(lm, prompts, turn_end, turn_end.max_tokens, never) if prompts else []
+        answers[name] = batched if batched is not None else [greedy_answer(lm, p, turn_end) for p in prompts]
     set_lora_params(lm.model, candidate)
 
     def rate(rows):
@@ -330,8 +333,8 @@ def batch_greedy_answers(
 ) -> list[str] | None:
     """greedy_answer for many prompts at once (left-padded, one batched step per token: the
     weights are read once per step for every row, not once per row; that read is what a
-    decode step on a CPU costs). Rows end as greedy_answer's do; the batch runs until all have.
-    None when the model's cache has no batched form.
+    decode step on a CPU costs). Rows end as greedy_answer's do, (text, ended) as it returns,
+    and leave the batch when they do. None when the model's cache has no batched form.
 
     (Prefilling the template's shared preamble once and tiling its cache would save most of
     the prefill; tried with mlx-lm 0.32's right-padded prefill + BatchKVCache.finalize, it gave
@@ -341,30 +344,36 @@ def batch_greedy_answers(
     cache = _batch_cache(lm.model, pads)
     if cache is None:
         return None
-    step = mx.array([[0] * pad + p for pad, p in zip(pads, prompts)], dtype=mx.int32)
     end_ids = lm.tokenizer.eos_ids
     out: list[list[int]] = [[] for _ in prompts]
-    texts: list[str | None] = [None] * len(prompts)  # set when the row has ended
+    done: dict[int, tuple[str, bool]] = {}  # row -> (text, ended at an end token or a stop)
+    rows = list(range(len(prompts)))  # the rows still in the batch, in cache order
     step = mx.array([[0] * pad + p for pad, p in zip(pads, prompts)], dtype=mx.int32)
     for _ in range(max_tokens):
         h = lm.model.model(step, cache=cache)
         toks = mx.argmax(lm.logits(h[:, -1]), axis=-1)
         mx.eval(toks)
-        for i, tok in enumerate(toks.tolist()):
-            if texts[i] is not None:
-                continue
+        for i, tok in zip(rows, toks.tolist()):
             if tok in end_ids:
-                texts[i] = lm.tokenizer.decode(out[i])
+                done[i] = (lm.tokenizer.decode(out[i]), True)
                 continue
             out[i].append(tok)
             text = lm.tokenizer.decode(out[i])
             hit = min((j for j in (text.find(s) for s in turn_end.stops if s) if j >= 0), default=-1)
-            if hit >= 0 or enough[i](text):
-                texts[i] = text[:hit] if hit >= 0 else text
-        if all(t is not None for t in texts):
+            if hit >= 0:
+                done[i] = (text[:hit], True)
+            elif enough[i](text):
+                done[i] = (text, False)
+        keep = [k for k, i in enumerate(rows) if i not in done]
+        if not keep:
             break
+        if len(keep) < len(rows):  # a finished row leaves the batch: no more compute for it
+            idx = mx.array(keep, dtype=mx.int32)
+            for c in cache:
+                c.filter(idx)
+            toks, rows = toks[idx], [rows[k] for k in keep]
         step = toks[:, None].astype(mx.int32)
-    return [t if t is not None else lm.tokenizer.decode(o) for t, o in zip(texts, out)]
+    return [done.get(i, (lm.tokenizer.decode(o), False)) for i, o in enumerate(out)]
 
 
 QA_BATCH = 64  # questions answered in one batch (the whole set: 50)
@@ -377,10 +386,10 @@ def qa_answers(lm, qa: list[QAQuestion], turn_end: TurnEnd, max_tokens: int = QA
     for b in range(0, len(qa), QA_BATCH):
         part = qa[b : b + QA_BATCH]
         checks = [lambda t, a=q.accepted: qa_score.is_correct(t, a) for q in part]
-        texts = batch_greedy_answers(lm, [q.prompt_ids for q in part], turn_end, max_tokens, checks)
-        if texts is None:
-            texts = [greedy_answer(lm, q.prompt_ids, turn_end, max_tokens, c)[0] for q, c in zip(part, checks)]
-        out += [(text, qa_score.is_correct(text, q.accepted)) for text, q in zip(texts, part)]
+        answers = batch_greedy_answers(lm, [q.prompt_ids for q in part], turn_end, max_tokens, checks)
+        if answers is None:
+            answers = [greedy_answer(lm, q.prompt_ids, turn_end, max_tokens, c) for q, c in zip(part, checks)]
+        out += [(text, qa_score.is_correct(text, q.accepted)) for (text, _), q in zip(answers, part)]
     return out
 
 
