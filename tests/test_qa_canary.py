@@ -267,3 +267,26 @@ def test_the_embedded_model_knows_the_set_and_a_damaged_adapter_is_refused(tmp_p
     assert any(
         "factual questions" in why for why in evaluate.refusals({"gain": 1.0, "kl_to_base": 0.0, "qa": gate}, 0.5)
     )
+
+
+def test_the_base_result_is_kept_for_the_next_run_from_the_base(tmp_path):
+    """A run from the base asks the base once; later runs from it read its result back, until
+    the model file or the questions change."""
+    import os
+    from types import SimpleNamespace
+
+    from clawd.training.run import base_qa_file, read_base_qa, write_base_qa
+
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"weights")
+    job = SimpleNamespace(model_path=str(model), qa_fingerprint="abc")
+    path = base_qa_file(tmp_path / "cache", job)
+    assert read_base_qa(path) is None
+    write_base_qa(path, [True, False, True])
+    assert read_base_qa(base_qa_file(tmp_path / "cache", job)) == [True, False, True]
+    assert base_qa_file(tmp_path / "cache", SimpleNamespace(model_path=str(model), qa_fingerprint="abd")) != path
+    os.utime(model, ns=(1, 1))  # a replaced model file
+    assert base_qa_file(tmp_path / "cache", job) != path
+    assert base_qa_file(tmp_path / "cache", SimpleNamespace(model_path=str(model), qa_fingerprint=None)) is None
+    path.write_text("not json")
+    assert read_base_qa(path) is None  # damaged: asked again, never a crash

@@ -419,6 +419,7 @@ def qa_check(
         "accuracy": qa_score.accuracy(right),
         "accuracy_parent": qa_score.accuracy(parent_right),
         "right": right,
+        "right_parent": parent_right,
         "lost": [
             {"question": i, "answer": a[:120]}
             for i, ((a, ok), was) in enumerate(zip(cand, parent_right))

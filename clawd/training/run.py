@@ -241,6 +241,37 @@ def train(
     return done
 
 
+def base_qa_file(cache_dir: Path, job) -> Path | None:
+    """Where the base model's QA-canary results are kept: the base never changes, so a run
+    from the base asks only its candidate after the first. Keyed by the model file (path, size,
+    mtime) and the questions' fingerprint; None for a job without one."""
+    import hashlib
+
+    if not job.qa_fingerprint:
+        return None
+    try:
+        st = Path(job.model_path).stat()
+    except OSError:
+        return None
+    key = f"{job.model_path}|{st.st_size}|{st.st_mtime_ns}|{job.qa_fingerprint}"
+    return cache_dir / "qa-base" / (hashlib.sha256(key.encode()).hexdigest()[:24] + ".json")
+
+
+def read_base_qa(path: Path) -> list[bool] | None:
+    try:
+        right = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None  # missing or damaged: the base is asked again
+    return [bool(r) for r in right] if isinstance(right, list) else None
+
+
+def write_base_qa(path: Path, right: list[bool]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(right))
+    os.replace(tmp, path)
+
+
 def save_checkpoint(path: Path, model, optimizer, step: int, history: list[dict]) -> None:
     """Weights, optimizer state, step and history written as one dir renamed into place; the
     previous checkpoint is set aside, not deleted, until the new one is in (no moment without one)."""
@@ -380,8 +411,12 @@ def run(job_dir: Path, cache_dir: Path, out_dir: Path, *, stock_blas: bool = Fal
         gate["turn_end"] = evaluate.turn_end_check(lm, job.canary, active, candidate, job.turn_end)
     if job.qa and job.turn_end is not None:
         t_qa = time.perf_counter()
-        gate["qa"] = evaluate.qa_check(lm, job.qa, active, candidate, job.turn_end, job.parent_qa)
+        base_file = base_qa_file(cache_dir, job) if job.parent_id is None else None
+        known = job.parent_qa if base_file is None else read_base_qa(base_file)
+        gate["qa"] = evaluate.qa_check(lm, job.qa, active, candidate, job.turn_end, known)
         gate["qa"].update(seconds=round(time.perf_counter() - t_qa, 3), fingerprint=job.qa_fingerprint)
+        if base_file is not None and known is None:
+            write_base_qa(base_file, gate["qa"]["right_parent"])
     if stop.requested:
         return stopped(len(plan))
     gate["refused"] = evaluate.refusals(gate, cfg.kl_bound, cfg.qa_max_drop)
