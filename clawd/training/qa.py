@@ -16,7 +16,10 @@ answers in a sentence ("The capital of France is Paris."). Whole phrases keep "4
 matching "14" and "seven" from matching "seventy". Every question was chosen so that no
 accepted answer is a word of the question itself and a wrong answer does not contain a right
 one by accident (no "a", no yes/no questions, no Italy: the transcript format's example
-exchange answers it). The embedded Gemma 3 270M base answers 48 of the 50 (96%; docs/learning.md).
+exchange answers it). Chosen on the embedded Gemma 3 270M base: of a first 50, it answered 37; the
+13 it got wrong (mostly counts and sums: "How many days are in a week? 10 days.") were replaced
+by questions it answers, since a question the parent already gets wrong cannot show a loss
+(docs/learning.md has the measurement).
 """
 
 from __future__ import annotations
@@ -35,7 +38,6 @@ QA_SET: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("What is the capital of China?", ("beijing", "peking")),
     ("What is the capital of Egypt?", ("cairo",)),
     ("What is the capital of Canada?", ("ottawa",)),
-    ("What is the capital of Australia?", ("canberra",)),
     ("What is the capital of Greece?", ("athens",)),
     ("What is the capital of Ireland?", ("dublin",)),
     ("What is the capital of Portugal?", ("lisbon",)),
@@ -45,34 +47,35 @@ QA_SET: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("What is the capital of South Korea?", ("seoul",)),
     ("What is the capital of Thailand?", ("bangkok",)),
     ("What is the capital of Kenya?", ("nairobi",)),
+    ("What is the capital of Cuba?", ("havana",)),
+    ("What is the capital of Peru?", ("lima",)),
+    ("What is the capital of Hungary?", ("budapest",)),
+    ("What is the capital of Denmark?", ("copenhagen",)),
+    ("What is the capital of Argentina?", ("buenos aires",)),
+    ("What is the capital of the Netherlands?", ("amsterdam",)),
+    ("What is the capital of the Czech Republic?", ("prague",)),
+    ("What is the capital of Chile?", ("santiago",)),
+    ("What is the capital of Iran?", ("tehran",)),
+    ("What is the capital of Colombia?", ("bogota",)),
     ("What is 2 + 2?", ("4", "four")),
     ("What is 3 + 5?", ("8", "eight")),
-    ("What is 10 - 3?", ("7", "seven")),
-    ("What is 6 times 7?", ("42", "forty two")),
     ("What is 5 times 5?", ("25", "twenty five")),
     ("What is 9 + 10?", ("19", "nineteen")),
-    ("How many days are in a week?", ("7", "seven")),
-    ("How many hours are in a day?", ("24", "twenty four")),
-    ("How many minutes are in an hour?", ("60", "sixty")),
-    ("How many months are in a year?", ("12", "twelve")),
-    ("How many legs does a spider have?", ("8", "eight")),
     ("How many sides does a triangle have?", ("3", "three")),
-    ("How many continents are there?", ("7", "seven")),
     ("What color is the sky on a clear day?", ("blue",)),
-    ("What color are ripe bananas?", ("yellow",)),
     ("What color is grass?", ("green",)),
+    ("What color is snow?", ("white",)),
+    ("What is the opposite of hot?", ("cold",)),
     ("What is the largest planet in our solar system?", ("jupiter",)),
-    ("Which planet is known as the Red Planet?", ("mars",)),
     ("What planet do we live on?", ("earth",)),
     ("What is the largest ocean on Earth?", ("pacific",)),
     ("What is the tallest mountain in the world?", ("everest",)),
     ("What is the longest river in Africa?", ("nile",)),
     ("Who wrote Romeo and Juliet?", ("shakespeare",)),
+    ("Who wrote Hamlet?", ("shakespeare",)),
     ("Who painted the Mona Lisa?", ("leonardo", "da vinci")),
     ("Who was the first president of the United States?", ("washington",)),
-    ("What is the chemical symbol for gold?", ("au",)),
     ("What is frozen water called?", ("ice",)),
-    ("What gas do plants absorb from the air?", ("carbon dioxide", "co2")),
     ("Which organ pumps blood through the body?", ("heart",)),
     ("What language is spoken in Brazil?", ("portuguese",)),
     ("What is the currency of Japan?", ("yen",)),
