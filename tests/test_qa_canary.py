@@ -290,3 +290,16 @@ def test_the_base_result_is_kept_for_the_next_run_from_the_base(tmp_path):
     assert base_qa_file(tmp_path / "cache", SimpleNamespace(model_path=str(model), qa_fingerprint=None)) is None
     path.write_text("not json")
     assert read_base_qa(path) is None  # damaged: asked again, never a crash
+
+
+def test_the_tui_shows_the_canary():
+    from tui.screens.adapters import adapter_info
+
+    gate = {
+        "passed": False,
+        "gain": 0.2,
+        "kl_to_base": 0.01,
+        "qa": {"accuracy": 0.9, "accuracy_parent": 0.96, "lost": [{"question": 3, "answer": "Sydney"}]},
+    }
+    text = adapter_info({"id": "a1", "status": "refused", "gate": gate}).plain
+    assert "QA canary: 90% right (parent 96%), 1 lost, e.g. 'Sydney'" in text
