@@ -230,7 +230,7 @@ def test_the_cli_shows_the_canary_and_why_it_refused():
 def test_the_embedded_model_knows_the_set_and_a_damaged_adapter_is_refused(tmp_path):
     """The gate's own path on the embedded Gemma 3 270M: questions in its served template, MLX
     weights, batched greedy answers. The base answers at least 45 of the 50 (the set was chosen
-    so a healthy model does: docs/learning.md has the measured 48), and an adapter with its
+    so a healthy model does: it measured 50 of 50, docs/learning.md), and an adapter with its
     LoRA scrambled loses enough of them to be refused."""
     from mlx_lm.tuner.utils import linear_to_lora_layers
 
