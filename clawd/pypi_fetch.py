@@ -131,7 +131,7 @@ def download(
     while wheel.size is None or have < wheel.size:
         if tries == attempts:
             raise ClawdError(
-                f"downloading {wheel.filename} from {shown(wheel.url)} broke off {attempts} times ({last}): "
+                f"downloading {wheel.filename} from {urlsplit(shown(wheel.url)).netloc} broke off {attempts} times ({last}): "
                 "pull again, it resumes where it stopped"
             )
         tries += 1
@@ -166,7 +166,7 @@ def _fetch_rest(client: httpx.Client, wheel: WheelFile, part: Path, have: int, a
             advance(-have)
             have = 0
         with open(part, "ab" if have else "wb") as f:
-            for chunk in r.iter_bytes(_CHUNK):
+            for chunk in r.iter_bytes():  # as it arrives: a break-off loses nothing already received
                 f.write(chunk)
                 have += len(chunk)
                 advance(len(chunk))
