@@ -745,8 +745,13 @@ def build_parser() -> argparse.ArgumentParser:
         "(HF_ENDPOINT for a mirror)",
     )
     m.add_argument("--list", dest="catalog", action="store_true", help="show the catalog of models on PyPI (offline)")
-    m.add_argument("--file", help="the .gguf file in the repo (default: the only one, or the one *Q4_K_M*)")
-    m.add_argument("--name", dest="as_name", metavar="NAME", help="the name to use it by (default: from the file name)")
+    m.add_argument("--file", help="hub repos: the .gguf file in the repo (default: the only one, or the one *Q4_K_M*)")
+    m.add_argument(
+        "--name",
+        dest="as_name",
+        metavar="NAME",
+        help="the name to use it by (default: the catalog name, or from the file name)",
+    )
     m = ms.add_parser("remove", help="forget a model; deletes only files clawd copied or pulled")
     m.add_argument("model_name", metavar="NAME")
 
