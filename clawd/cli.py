@@ -9,6 +9,7 @@ import json
 import logging
 import os
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -160,9 +161,21 @@ def cmd_status(args) -> int:
         ("database", status["db_path"]),
         ("storage", _storage_line(status.get("storage"))),
     ]
+    if status.get("openwebui"):
+        rows.append(("open webui", _openwebui_line(status["openwebui"])))
     for k, v in rows:
         print(f"{k:>11}  {v}")
     return 0
+
+
+def _openwebui_line(o: dict) -> str:
+    """The connector: when it last pulled, what it holds, or why it cannot pull."""
+    held = ", ".join(f"{n} {k}" for k, n in sorted((o.get("outcomes") or {}).items())) or "no ratings yet"
+    if o.get("last_error"):
+        return f"{o['url']}: NOT PULLING: {o['last_error']} ({held})"
+    if not o.get("last_pull_at"):
+        return f"{o['url']}: not pulled yet"
+    return f"{o['url']}: pulled {time.time() - o['last_pull_at']:.0f} s ago; {held}"
 
 
 def _storage_line(storage: dict | None) -> str:

@@ -385,11 +385,15 @@ def upstream_error(r: httpx.Response) -> dict:
     return err
 
 
-def test_the_connector_says_why_it_cannot_pull(md, http, owui):
+def test_the_connector_says_why_it_cannot_pull(md, http, owui, monkeypatch, capsys):
     connect(md, owui.url, "wrong-key")
     err = upstream_error(http.post(md.url + "/clawd/openwebui/pull"))
     assert "refused the API key" in err["message"]
     assert http.get(md.url + "/clawd/status").json()["openwebui"]["last_error"] == err["message"]
+    monkeypatch.setenv("CLAWD_HOME", str(md.home))
+    monkeypatch.setenv("CLAWD_SERVER_PORT", str(md.state.port))
+    assert cli.main(["status"]) == 0
+    assert f"open webui  {owui.url}: NOT PULLING: Open WebUI refused the API key" in capsys.readouterr().out
     owui.close()
     connect(md, owui.url, FakeOpenWebUI.ADMIN)
     assert "cannot reach Open WebUI" in upstream_error(http.post(md.url + "/clawd/openwebui/pull"))["message"]
