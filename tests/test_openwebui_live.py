@@ -246,6 +246,15 @@ def test_ratings_made_in_open_webui_reach_the_right_turns(clawd, open_webui, mon
         s = api_signal(http, clawd, sky)
         assert (s["reward"], s["reward_source"], s["hint"]) == (-1, "feedback", "Not factually correct Just say blue.")
 
+        # Open WebUI's export file (Admin Panel > Evaluations > Export) holds the same ratings
+        export = owui.http.get("/api/v1/evaluations/feedbacks/all/export")
+        assert export.status_code == 200 and len(export.json()) == 2
+        path = clawd.home / "feedback-export.json"
+        path.write_bytes(export.content)
+        monkeypatch.setenv("CLAWD_SERVER_PORT", str(clawd.state.port))
+        assert cli.main(["import", "openwebui", str(path)]) == 0
+        assert "2 ratings: 2 unchanged" in capsys.readouterr().out
+
         # Changed in Open WebUI (👎 -> 👍): changed in clawd, the hint gone with it
         owui.rate(sky_chat, sky_msg, 1, fid=sky_fid)
         assert changes(http.post(clawd.url + "/clawd/openwebui/pull").json()["pulled"]) == {"attached": 1}
