@@ -244,9 +244,9 @@ def test_clawd_import_openwebui_applies_an_export_file(md, http, tmp_path, monke
         {"id": "fb-bad", "type": "rating", "data": {"rating": "sideways"}},
         record("msg-gone", 1, fid="fb-gone", chat_id="chat-z", text="An answer from another server."),
     ]
-    # a long chat in the snapshot: the import sends the rated message only
+    # a long chat in the snapshot (1.2 MB, over the body limit): the import sends the rated message only
     export[0]["snapshot"]["chat"]["chat"]["history"]["messages"].update(
-        {f"old-{i}": {"id": f"old-{i}", "role": "user", "content": "x" * 2000} for i in range(300)}
+        {f"old-{i}": {"id": f"old-{i}", "role": "user", "content": "x" * 2000} for i in range(600)}
     )
     path = tmp_path / "feedback-export.json"
     path.write_text(json.dumps(export), encoding="utf-8")

@@ -16,7 +16,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -271,4 +270,3 @@ def test_ratings_made_in_open_webui_reach_the_right_turns(clawd, open_webui, mon
     # no side turn ever became a signal
     side = rows(clawd, "SELECT id FROM turns WHERE turn_type = 'side'")
     assert side and all(clawd.run(signals.get(clawd.state.db, t)) is None for (t,) in side)
-    print(f"open-webui {sys.version_info[:2]}: {len(side)} side turns", file=sys.stderr)
