@@ -9,6 +9,7 @@ import json
 import logging
 import os
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -160,9 +161,21 @@ def cmd_status(args) -> int:
         ("database", status["db_path"]),
         ("storage", _storage_line(status.get("storage"))),
     ]
+    if status.get("openwebui"):
+        rows.append(("open webui", _openwebui_line(status["openwebui"])))
     for k, v in rows:
         print(f"{k:>11}  {v}")
     return 0
+
+
+def _openwebui_line(o: dict) -> str:
+    """The connector: when it last pulled, what it holds, or why it cannot pull."""
+    held = ", ".join(f"{n} {k}" for k, n in sorted((o.get("outcomes") or {}).items())) or "no ratings yet"
+    if o.get("last_error"):
+        return f"{o['url']}: NOT PULLING: {o['last_error']} ({held})"
+    if not o.get("last_pull_at"):
+        return f"{o['url']}: not pulled yet"
+    return f"{o['url']}: pulled {time.time() - o['last_pull_at']:.0f} s ago; {held}"
 
 
 def _storage_line(storage: dict | None) -> str:
@@ -686,6 +699,35 @@ def cmd_token(args) -> int:
     return 0
 
 
+def cmd_connect(args) -> int:
+    from clawd.client import daemon_url
+    from clawd.openwebui import commands
+
+    settings, paths = _setup(args)
+    lines = commands.connect(
+        paths.config_file, args.url, args.api_key, check=not args.no_check, daemon_url=daemon_url(settings)
+    )
+    print("\n".join(lines))
+    return 0
+
+
+def cmd_import(args) -> int:
+    from clawd.client import DaemonClient
+    from clawd.openwebui import commands
+
+    settings, paths = _setup(args)
+    records = commands.read_export(Path(args.file))
+    results: list[dict] = []
+    with DaemonClient.configured(settings, paths, timeout=120.0) as c:  # a batch is hundreds of ratings
+        for batch in commands.batches(records):
+            results += c.call("POST", "/clawd/feedback", json=batch)["results"]
+    if args.json:
+        print(json.dumps(results, indent=2))
+    else:
+        print("\n".join(commands.import_summary(results)))
+    return 0
+
+
 def cmd_config(args) -> int:
     settings, paths = _setup(args)
     print(f"# {paths.config_file}")
@@ -814,6 +856,19 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("token", help="print the API bearer token (for non-loopback clients)")
     s.set_defaults(func=cmd_token)
+
+    s = sub.add_parser("connect", help="pull the ratings given in a chat UI (Open WebUI) onto the turns they rate")
+    s.add_argument("ui", choices=["openwebui"])
+    s.add_argument("--url", required=True, help="Open WebUI's address, e.g. http://localhost:3000")
+    s.add_argument("--api-key", default="", help="an Open WebUI API key or token (an admin's reads every user's)")
+    s.add_argument("--no-check", action="store_true", help="write the settings without asking Open WebUI first")
+    s.set_defaults(func=cmd_connect)
+
+    s = sub.add_parser("import", help="apply a chat UI's exported ratings (Open WebUI's feedback export, a JSON array)")
+    s.add_argument("ui", choices=["openwebui"])
+    s.add_argument("file", help="the export file (Admin Panel > Evaluations > Export)")
+    s.add_argument("--json", action="store_true", help="every rating's outcome, machine-readable")
+    s.set_defaults(func=cmd_import)
 
     s = sub.add_parser("config", help="print the effective settings and the config file path")
     s.set_defaults(func=cmd_config)

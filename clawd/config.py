@@ -186,12 +186,28 @@ class TrainingSettings:
 
 
 @dataclass(frozen=True)
+class OpenWebUISettings:
+    url: str = _f(
+        "",
+        "Open WebUI's address, e.g. http://localhost:3000 (`clawd connect openwebui`): clawd pulls the "
+        "thumbs, reasons and comments given there onto the turns they rate. Empty: never contacted.",
+    )
+    api_key: str = _f(
+        "",
+        "An Open WebUI API key (or login token), sent as a bearer token. An admin's reads everyone's "
+        "ratings; a user's reads that user's only (without the chat snapshot: the ids must match).",
+    )
+    poll_s: float = _f(30.0, "Seconds between two pulls of new, changed and removed ratings.", min=1.0)
+
+
+@dataclass(frozen=True)
 class Settings:
     server: ServerSettings = field(default_factory=ServerSettings)
     model: ModelSettings = field(default_factory=ModelSettings)
     generation: GenerationSettings = field(default_factory=GenerationSettings)
     mining: MiningSettings = field(default_factory=MiningSettings)
     training: TrainingSettings = field(default_factory=TrainingSettings)
+    openwebui: OpenWebUISettings = field(default_factory=OpenWebUISettings)
     log_level: str = _f(
         "info", "Log verbosity: debug, info, warning or error.", choices=("debug", "info", "warning", "error")
     )

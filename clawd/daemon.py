@@ -29,6 +29,7 @@ from clawd.judge import LikelihoodJudge, LLMJudge
 from clawd.judge_completers import JUDGE_FORMS, completer_for
 from clawd.miner import Miner
 from clawd.modelfile import why_untrainable
+from clawd.openwebui.connector import FeedbackSync
 from clawd.paths import PRIVATE_DIR, Paths, make_private
 from clawd.reload import ConfigWatcher
 from clawd.scheduler import Scheduler
@@ -138,6 +139,7 @@ async def build_state(settings: Settings, paths: Paths, engine: Engine, port: in
         scheduler=scheduler,
         training_off=training_off,
         max_request_bytes=int(settings.server.max_request_mb * 1024 * 1024),
+        openwebui=FeedbackSync(db, settings.openwebui, reopen=miner.on_feedback if miner else None),
     )
 
 
@@ -214,6 +216,7 @@ async def serve(
             chat=state.chat,
             miner=state.miner,
             scheduler=state.scheduler,
+            openwebui=state.openwebui,
         )
         state.config = watcher.state
         await watcher.start()
@@ -224,6 +227,8 @@ async def serve(
         state.miner.start()
     if state.scheduler:
         state.scheduler.start()
+    if state.openwebui:
+        state.openwebui.start()  # idle until openwebui.url is set (config.toml is reloaded live)
     probe = asyncio.create_task(state.db.watch_health(HEALTH_PROBE_S), name="storage-probe")
     # Everything built so far (modules, the app, the model's metadata) lives as long as the
     # daemon: frozen, the collector's full passes skip it. A full pass over it took ~50 ms,
@@ -237,6 +242,8 @@ async def serve(
         probe.cancel()
         if watcher:
             await watcher.stop()
+        if state.openwebui:
+            await state.openwebui.stop()
         if state.scheduler:
             await state.scheduler.stop()  # the trainer checkpoints; the next run resumes it
         if state.miner:
