@@ -389,6 +389,7 @@ class Engine(base.Engine):
         Returns False if cancelled between chunks (the cache then holds a prefix)."""
         keep = self._reuse_prefix(tokens, len(tokens) - 1)
         rest = tokens[keep:]
+        log.debug("slot %d prompt: %d tokens, %d cached, %d to decode", self._slot, len(tokens), keep, len(rest))
         size = self._chunk(_PREFILL_CHUNK)
         for s in range(0, len(rest), size):
             if cancel is not None and cancel.is_set():
