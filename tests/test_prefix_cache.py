@@ -300,3 +300,17 @@ def test_a_restored_window_state_is_never_cut(models):
     finally:
         eng.close()
         ref.close()
+
+
+def test_the_daemon_engine_gets_its_bound_from_config(tiny_gguf):
+    from clawd.config import ModelSettings
+    from clawd.models import ModelChoice, load_engine
+
+    assert ModelSettings().prefix_cache_mb > 0 and ModelSettings().n_ctx >= 8192  # on, and room for agents
+    eng = load_engine(
+        ModelSettings(path=str(tiny_gguf), prefix_cache_mb=3, n_threads=1), ModelChoice("t", tiny_gguf, False)
+    )
+    try:
+        assert eng.prefix_cache.max_bytes == 3 * 2**20
+    finally:
+        eng.close()
