@@ -11,6 +11,7 @@ state holds only the last window and so must never be cut back).
 
 from __future__ import annotations
 
+import httpx
 import numpy as np
 import pytest
 
@@ -20,7 +21,7 @@ from tests.tiny_models import build_tiny_gguf
 
 llama_cpp = pytest.importorskip("llama_cpp")
 from clawd.engines.llamacpp import Engine  # noqa: E402  (after the importorskip)
-from tests.test_llamacpp_engine import GEN_ATOL, N_CTX, SCORE_ATOL, Reference  # noqa: E402
+from tests.test_llamacpp_engine import CHATML, GEN_ATOL, N_CTX, SCORE_ATOL, Reference  # noqa: E402
 
 PREAMBLE = "You are a helpful agent. Tools: read_file, write_file, list_dir. " * 2
 ASK_A = " User: open the file notes.txt and tell me the first line please"
@@ -314,3 +315,45 @@ def test_the_daemon_engine_gets_its_bound_from_config(tiny_gguf):
         assert eng.prefix_cache.max_bytes == 3 * 2**20
     finally:
         eng.close()
+
+
+def test_through_the_daemon_sessions_share_the_preamble(clawd_home, tmp_path):
+    """Over HTTP: session A, session B with the same system prompt, then A's next turn. A's
+    conversation is restored, not re-read, and each logged turn's log-probs are what a fresh
+    evaluation of its exact prompt gives."""
+    from clawd.store import turns
+    from tests.conftest import AUTH, start_daemon
+
+    model = build_tiny_gguf(tmp_path / "chat.gguf", chat_template=CHATML)
+    eng = Engine(model, n_ctx=512, n_threads=1, model_id="tiny", prefix_cache_mb=8)
+    count = Counting(eng)
+    d = start_daemon(clawd_home, eng)
+    ref = Reference(model)
+    ref.llm.close()  # the same reference, with room for a three-turn chat
+    ref.llm = llama_cpp.Llama(model_path=str(model), n_ctx=512, logits_all=True, verbose=False, n_threads=1)
+    try:
+        system = {"role": "system", "content": PREAMBLE}
+
+        def ask(session, messages):
+            body = {"model": "tiny", "messages": messages, "session_id": session, "temperature": 0, "max_tokens": 6}
+            r = httpx.post(d.url + "/v1/chat/completions", json=body, headers=AUTH, timeout=60)
+            assert r.status_code == 200, r.text
+            rec = d.run(turns.get_turn(d.state.db, r.json()["id"]))
+            want = ref.logprobs(rec.prompt_ids + rec.response_ids)[len(rec.prompt_ids) - 1 :]
+            got = np.asarray(rec.response_logprobs, np.float64)
+            assert float(np.abs(got - want[np.arange(len(got)), rec.response_ids]).max()) < GEN_ATOL
+            return r.json()["choices"][0]["message"]["content"], rec
+
+        a = [system, {"role": "user", "content": ASK_A}]
+        reply, _ = ask("a", a)
+        ask("b", [system, {"role": "user", "content": ASK_B}])
+        hits = eng.prefix_cache.stats.hits
+        count.take()
+        a += [{"role": "assistant", "content": reply}, {"role": "user", "content": ASK_C}]
+        _, rec = ask("a", a)
+        assert eng.prefix_cache.stats.hits == hits + 1
+        assert count.take() < len(rec.prompt_ids) // 2  # the rest came back from the cache
+    finally:
+        d.stop()
+        eng.close()
+        ref.close()
