@@ -251,16 +251,18 @@ def test_entries_are_per_adapter(tiny_gguf, tiny_lora):
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_scoring_is_unchanged_by_the_cache(models, arch):
-    """Judges and teacher scoring share the engine: background slot work parks and restores
-    too, a restored prefix scores as the reference does, and reuse_cache=False stays
-    bit-identical whatever the cache holds."""
+    """Judges and teacher scoring share the engine (slot 1): they restore what user turns
+    (slot 0) parked but never park their own prompts (the miner's many judge prompts would push
+    users' conversations out); a restored prefix scores as the reference does; and
+    reuse_cache=False stays bit-identical whatever the cache holds."""
     eng, plain, ref = _engine(models[arch]), _engine(models[arch], mb=0), Reference(models[arch])
     try:
         pre = eng.tokenize(PREAMBLE, add_bos=True)
         prompt = pre + eng.tokenize(ASK_A, add_bos=False)
         targets = eng.tokenize(" the first line says hello", add_bos=False)
         fresh = plain.score(prompt, targets, top_k=4, reuse_cache=False)
-        for slot in (1, 0):
+        for slot in (0, 1):
+            saved = eng.prefix_cache.stats.saved
             first = eng.score(prompt, targets, top_k=4, slot=slot)
             eng.score(pre + eng.tokenize(ASK_B, add_bos=False), targets, slot=slot)  # another session
             again = eng.score(prompt, targets, top_k=4, slot=slot)
@@ -273,8 +275,9 @@ def test_scoring_is_unchanged_by_the_cache(models, arch):
             assert np.array_equal(
                 eng.score(prompt, targets, top_k=4, reuse_cache=False, slot=slot).logprobs, fresh.logprobs
             )
+            assert (eng.prefix_cache.stats.saved > saved) == (slot == 0)
         # llama restores the whole scored prefix in both slots; gemma3 only the preamble, once,
-        # into the empty slot 0 (its live slot already holds the preamble otherwise).
+        # into the empty slot 1 (its live slot already holds the preamble otherwise).
         assert eng.prefix_cache.stats.hits >= (2 if arch == "llama" else 1)
     finally:
         eng.close()

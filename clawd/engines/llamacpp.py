@@ -308,9 +308,11 @@ class Engine(base.Engine):
         return keep
 
     def _park(self, slot: int) -> None:
-        """Save `slot`'s K/V to the prefix cache (unless it is short or already saved)."""
+        """Save `slot`'s K/V to the prefix cache (unless it is short or already saved). Only
+        the user slot's: background work may restore a saved prefix but never saves its own,
+        so the miner's many judge prompts cannot push users' conversations out."""
         tokens = self._caches[slot]
-        if not self._store.enabled or len(tokens) < _PARK_MIN_TOKENS:
+        if slot != 0 or not self._store.enabled or len(tokens) < _PARK_MIN_TOKENS:
             return
         floor = len(tokens) if self._swa else 0
         if self._store.covers(self._applied, tokens, floor):
