@@ -7,8 +7,9 @@ preamble (turn 1 of session B), and session A takes one more turn after it (A re
 
 Measured per turn, back to back on the same model file:
 - clawd: a real `clawd serve` subprocess, streamed over HTTP (SSE); TTFT = first content chunk.
-- llama_cpp.server (`python -m llama_cpp.server --cache true`: its prompt cache on), given the
-  very prompt clawd renders (same template, same tools) on /v1/completions, streamed.
+- llama_cpp.server (`python -m llama_cpp.server`: it reuses the prefix its context holds;
+  --server-cache adds its RAM cache of whole states), given the very prompt clawd renders
+  (same template, same tools) on /v1/completions, streamed.
 - anchor: "uncached prefill of the new tokens alone": a fresh llama-cpp-python `Llama`
   evaluating only the tokens this turn added (what clawd could not have cached: the new user
   message, the template's markers, the previous reply as the template renders it), from an
@@ -141,14 +142,19 @@ def start_daemon(home: Path, model: Path | None, threads: int, mining: bool) -> 
     raise SystemExit(f"clawd serve did not start: see {log}")
 
 
-def start_llama_server(model: Path, threads: int) -> tuple[subprocess.Popen, str]:
+def start_llama_server(model: Path, threads: int, ram_cache: bool, log: Path) -> tuple[subprocess.Popen, str]:
+    """llama_cpp.server on a free port. It always reuses the prefix its context holds (the
+    previous request's); `ram_cache` adds its LlamaRAMCache of whole states (`--cache true`)."""
     with __import__("socket").socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     t = str(threads)
     args = [sys.executable, "-m", "llama_cpp.server", "--model", str(model), "--host", "127.0.0.1"]
-    args += ["--port", str(port), "--n_ctx", "8192", "--n_threads", t, "--n_threads_batch", t, "--cache", "true"]
-    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    args += ["--port", str(port), "--n_ctx", "8192", "--n_threads", t, "--n_threads_batch", t]
+    if ram_cache:
+        args += ["--cache", "true"]
+    with log.open("w") as out:
+        proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}/v1"
     deadline = time.time() + 180
     while time.time() < deadline:
@@ -196,13 +202,17 @@ def ask_server(url: str, prompt: str, max_tokens: int) -> dict:
     body = {"prompt": prompt, "stream": True, "temperature": 0, "max_tokens": max_tokens}
     t0 = time.perf_counter()
     first = None
-    with httpx.stream("POST", url + "/completions", json=body, timeout=1800) as r:
-        r.raise_for_status()
-        for line in r.iter_lines():
-            if not line.startswith("data: ") or line.strip() == "data: [DONE]":
-                continue
-            if json.loads(line[6:])["choices"][0].get("text"):
-                first = first or time.perf_counter()
+    try:
+        with httpx.stream("POST", url + "/completions", json=body, timeout=1800) as r:
+            r.raise_for_status()
+            for line in r.iter_lines():
+                if not line.startswith("data: ") or line.strip() == "data: [DONE]":
+                    continue
+                if json.loads(line[6:])["choices"][0].get("text") is not None:
+                    first = first or time.perf_counter()
+    except httpx.HTTPError as e:  # reported in the table (and its log), not the end of the run
+        print(f"llama_cpp.server failed: {e!r}", flush=True)
+        return {"ttft_ms": float("nan")}
     return {"ttft_ms": (first - t0) * 1000 if first else float("nan")}
 
 
@@ -234,6 +244,9 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=24)
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 2)
     ap.add_argument("--mining", action="store_true", help="leave the daemon's miner on")
+    ap.add_argument(
+        "--server-cache", action="store_true", help="llama_cpp.server --cache true (its RAM cache of whole states)"
+    )
     ap.add_argument("--json", type=Path, help="write the raw results here")
     args = ap.parse_args()
 
@@ -264,7 +277,8 @@ def main() -> None:
 
     llm = Llama(model_path=str(model), n_ctx=8192, n_threads=args.threads, n_threads_batch=args.threads, verbose=False)
     daemon, url = start_daemon(home, args.model and model, args.threads, args.mining)
-    server, server_url = start_llama_server(model, args.threads)
+    server_log = home.parent / f"{home.name}-llama-server.log"
+    server, server_url = start_llama_server(model, args.threads, args.server_cache, server_log)
     rows = []
     try:
         client = DaemonClient(url, token=read_token(paths.token_file), timeout=1800)
@@ -316,7 +330,7 @@ def main() -> None:
         msgs.append({"role": "user", "content": USER_TURNS[args.turns % len(USER_TURNS)]})
         rows.append(turn(f"A{args.turns + 1}", msgs, "agent-a", before, reply_tokens))
     finally:
-        print(f"daemon log: {home.parent / (home.name + '-daemon.log')}")
+        print(f"daemon log: {home.parent / (home.name + '-daemon.log')}, llama_cpp.server log: {server_log}")
         daemon.terminate()
         server.terminate()
         daemon.wait(30)

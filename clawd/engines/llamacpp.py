@@ -27,10 +27,12 @@ from clawd.errors import AdapterError, ContextLengthExceeded, EngineError, Model
 log = logging.getLogger(__name__)
 
 _SCORE_CHUNK = 64  # rows of full-vocab logits per decode when scoring (64 x 262k x 4 B = 64 MiB)
-# Prompts are decoded in chunks this long with a cancel check between them, so a user
-# request waits at most one chunk (~0.2 s on 2 cores for the 270M model) for background
-# work; measured no slower than 512-token batches (64-token chunks cost 25% more).
-_PREFILL_CHUNK = 128
+# A user's prompt is decoded in chunks this long (capped at n_batch), with a cancel check
+# between them (a client that hangs up). Without flash attention every chunk reads the whole
+# KV cache, so small chunks cost quadratically more on long prompts: a 2000-token prefill of
+# the 270M model on 2 cores took 66-78 s in 128-token chunks and 31-35 s in 512-token ones
+# (llama-cpp-python's own eval: 35-38 s). Background work yields to users in smaller steps.
+_PREFILL_CHUNK = 512
 # Background work (slot 1) takes smaller steps still, so a user who arrives mid-judging
 # waits ~50 ms rather than a whole chunk; it costs the miner ~25% throughput.
 _BACKGROUND_CHUNK = 32
