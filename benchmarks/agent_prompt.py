@@ -17,7 +17,9 @@ Measured per turn, back to back on the same model file:
   empty context.
 Goal (issue 17): turn 2+ clawd TTFT <= 1.2x the anchor, and never worse than llama_cpp.server.
 Greedy decoding; the assistant replies fed back are clawd's, so both servers see the same
-prompts. Mining is off in the daemon unless --mining (the judges would share the CPU).
+prompts. Mining is off in the daemon unless --mining (the judges would share the CPU). On a
+busy machine pass --threads 1: llama.cpp's threads spin-wait on each other, and a descheduled
+one turned 0.3 s decodes into 4-7 s stalls at random (all three sides alike).
 
 Usage:
     python benchmarks/agent_prompt.py [--model PATH] [--preamble-tokens 6000] [--turns 5] [--sessions 3]
