@@ -79,8 +79,15 @@ class ModelSettings:
         "(llama-server) or http://127.0.0.1:8000/v1 (vLLM); clawd contacts nothing else.",
     )
     api_key: str = _f("", "openai engine: bearer token for the upstream, if it needs one.")
-    n_ctx: int = _f(4096, "Context window in tokens.", min=1)
+    n_ctx: int = _f(8192, "Context window in tokens (agents resend a ~6k-token system prompt and tool list).", min=1)
     n_threads: int = _f(0, "CPU threads for generation; 0 = all physical cores.", min=0)
+    prefix_cache_mb: float = _f(
+        512.0,
+        "llamacpp engine: host memory for saved prompt prefixes (KV states, per adapter, least "
+        "recently used dropped first), so a session switch or adapter switch does not re-read a "
+        "shared system prompt; 0 = off.",
+        min=0.0,
+    )
     chat_format: str = _f(
         "auto",
         "auto: the model's own chat template, else clawd's transcript format (base models); "
