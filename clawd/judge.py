@@ -42,6 +42,9 @@ class Verdict:
     score: int  # +1, -1 or 0
     votes: list[int | None]  # raw votes (None = unparseable); [] for rules
     source: str  # "rules" | "self" | "gguf" | "openai"
+    # The likelihood judge's log p(\\boxed{v} | prompt) per verdict: what it decided from, kept
+    # so a benchmark can study margins and calibration without running the model again.
+    logprobs: dict[int, float] | None = None
 
 
 class JudgeUnavailable(ClawdError):
@@ -339,7 +342,7 @@ class LikelihoodJudge(LLMJudge):
         messages = evaluative_messages(inp)
         logprobs = {v: await self._logprob(messages, text) for v, text in VERDICT_TEXTS.items()}
         best = max(logprobs, key=logprobs.get)
-        return Verdict(best, [best], self.completer.source)
+        return Verdict(best, [best], self.completer.source, logprobs)
 
     async def _logprob(self, messages: list[dict], completion: str) -> float:
         try:

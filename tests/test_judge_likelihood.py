@@ -82,6 +82,67 @@ def test_likelihood_verdict_matches_an_independent_scoring(tiny_gguf_2k):
     assert verdict.votes == [verdict.score] and verdict.source == "self"
 
 
+# A chat template whose turn markers are the tiny vocabulary's control tokens, as an
+# instruction-tuned model's are (Qwen's <|im_start|> / <|im_end|>).
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<s>{{ m['role'] }}\n{{ m['content'] }}</s>\n{% endfor %}"
+    "{% if add_generation_prompt %}<s>assistant\n{% endif %}"
+)
+
+
+def test_likelihood_judge_on_a_gguf_scores_under_its_chat_template(tmp_path):
+    """likelihood:gguf:PATH (a second local model, as `clawd bench judge` and the miner build
+    it) scores each verdict as the reply in the model's own chat template: checked against
+    the template rendered with jinja2 and scored with llama-cpp-python directly."""
+    import dataclasses
+
+    import jinja2
+    from llama_cpp import Llama
+
+    from tests.tiny_models import build_tiny_gguf
+
+    path = build_tiny_gguf(tmp_path / "chat.gguf", n_ctx_train=2048, chat_template=CHAT_TEMPLATE)
+    settings = Settings()
+    settings = dataclasses.replace(settings, model=dataclasses.replace(settings.model, n_ctx=2048, n_threads=1))
+    judge = build_judge(f"likelihood:gguf:{path}", settings, None)
+    assert isinstance(judge, LikelihoodJudge) and judge.completer.source == "gguf"
+    messages = evaluative_messages(INP)
+
+    async def go():
+        try:
+            mine = {v: await judge.completer.logprob(messages, t) for v, t in VERDICT_TEXTS.items()}
+            return (
+                mine,
+                await judge.evaluate(INP),
+                judge.completer.chat.prompt_ids([Message.model_validate(m) for m in messages]),
+            )
+        finally:
+            await judge.completer.aclose()
+
+    mine, verdict, used_ids = asyncio.run(go())
+
+    llm = Llama(model_path=str(path), n_ctx=2048, logits_all=True, n_threads=1, verbose=False)
+    try:
+        template = llm.metadata["tokenizer.chat_template"]
+        rendered = jinja2.Environment().from_string(template).render(messages=messages, add_generation_prompt=True)
+        assert rendered.endswith("<s>assistant\n")
+        # No client text here spells a marker, so tokenizing it all with special=True is exact.
+        prompt_ids = llm.tokenize(rendered.encode(), add_bos=False, special=True)
+        assert prompt_ids.count(0) == len(messages) + 1  # <s> as the control token, once per turn
+        ref = {
+            v: _independent_logprob(llm, prompt_ids, llm.tokenize(t.encode(), add_bos=False, special=False))
+            for v, t in VERDICT_TEXTS.items()
+        }
+    finally:
+        llm.close()
+
+    assert used_ids == prompt_ids
+    for v in VERDICT_TEXTS:
+        assert mine[v] == pytest.approx(ref[v], abs=2e-3)
+    assert verdict.score == max(ref, key=ref.get)
+    assert verdict.logprobs == pytest.approx(ref, abs=2e-3)
+
+
 def test_likelihood_judge_specs():
     settings = Settings()
     served = object()  # build_judge only hands it to the completer
