@@ -114,8 +114,9 @@ class MiningSettings:
     judge: str = _f(
         "self",
         "Evaluative judge used when the rules are undecided: rules (rules only), self (the served "
-        "model, no adapter), gguf:PATH (a second local model), openai:BASE_URL[#MODEL], or likelihood:self / "
-        "likelihood:gguf:PATH (the verdict scored by likelihood instead of sampled votes).",
+        "model, no adapter), gguf:PATH or gguf:NAME (a second local model, a file or a name from `clawd models "
+        "list`), openai:BASE_URL[#MODEL], or likelihood:self / likelihood:gguf:PATH (the verdict scored by "
+        "likelihood instead of sampled votes).",
     )
     hint_judge: str = _f(
         "self", "Hint (directive) judge, same forms as judge; rules = the user's own correction sentences only."

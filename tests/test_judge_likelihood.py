@@ -5,6 +5,7 @@ prompt with llama-cpp-python's high-level Llama on a tiny real GGUF."""
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -190,3 +191,21 @@ def test_bench_runs_the_likelihood_judge_on_a_local_gguf(tiny_gguf_2k, tmp_path)
     assert len(outcomes) == 3
     for o in outcomes:
         assert (o["score"] in (-1, 0, 1) and o["votes"] == [o["score"]]) or "tokens" in (o["error"] or "")
+
+
+def test_a_gguf_judge_model_can_be_named_as_in_clawd_models(tiny_gguf, clawd_home, tmp_path):
+    """gguf:NAME is the GGUF registered under NAME (`clawd models add`); a path stays a path,
+    relative ones from config.toml's folder, as model.path."""
+    from clawd.daemon import judge_model_path
+    from clawd.model_registry import add_model
+    from clawd.paths import ensure_dirs, resolve_paths
+    from tests.conftest import make_env
+
+    paths = resolve_paths(make_env(clawd_home))
+    ensure_dirs(paths)
+    add_model(paths, tiny_gguf, name="tiny-judge", echo=lambda _: None)
+    assert judge_model_path("tiny-judge", paths) == tiny_gguf.resolve()
+    assert judge_model_path(str(tiny_gguf), paths) == tiny_gguf
+    assert judge_model_path("judges/j.gguf", paths) == (paths.config_dir / "judges/j.gguf").resolve()
+    assert judge_model_path("unknown-name", paths) == (paths.config_dir / "unknown-name").resolve()
+    assert judge_model_path("~/j.gguf", None) == Path("~/j.gguf").expanduser()

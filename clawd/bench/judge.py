@@ -355,7 +355,7 @@ async def _run(args, items: list[Item]) -> list[Outcome]:
     served = load_served_model(settings, paths) if needs_served else None
     try:
         for spec in llm_specs:
-            judge = build_judge(spec, settings, served)
+            judge = build_judge(spec, settings, served, paths)
             if judge is None:
                 continue
 
