@@ -190,8 +190,9 @@ def build_judge(spec: str, settings: Settings, model: ServedModel, paths: Paths 
     completer = completer_for(inner, chat=model, gguf_loader=load_second_model)
     if completer is None:
         return None
-    judge = LikelihoodJudge if likelihood else LLMJudge
-    return judge(completer, votes=settings.mining.votes, temperature=settings.mining.temperature)
+    if likelihood:
+        return LikelihoodJudge(completer, margin=settings.mining.likelihood_margin)
+    return LLMJudge(completer, votes=settings.mining.votes, temperature=settings.mining.temperature)
 
 
 async def serve(

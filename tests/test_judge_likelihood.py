@@ -209,3 +209,36 @@ def test_a_gguf_judge_model_can_be_named_as_in_clawd_models(tiny_gguf, clawd_hom
     assert judge_model_path("judges/j.gguf", paths) == (paths.config_dir / "judges/j.gguf").resolve()
     assert judge_model_path("unknown-name", paths) == (paths.config_dir / "unknown-name").resolve()
     assert judge_model_path("~/j.gguf", None) == Path("~/j.gguf").expanduser()
+
+
+class _FixedScorer:
+    source = "gguf"
+
+    def __init__(self, lp: dict[int, float]):
+        self.lp = lp
+
+    async def logprob(self, messages, completion):
+        return self.lp[{t: v for v, t in VERDICT_TEXTS.items()}[completion]]
+
+
+def test_a_near_tie_under_the_margin_is_no_decision():
+    from clawd.bench.judge_scoring import undecided
+
+    scorer = _FixedScorer({-1: -2.0, 0: -2.9, 1: -2.6})  # -1 leads by 0.6 nats
+    clear = asyncio.run(LikelihoodJudge(scorer, margin=0.5).evaluate(INP))
+    assert (clear.score, clear.votes) == (-1, [-1]) and not undecided(clear.score, clear.votes)
+    close = asyncio.run(LikelihoodJudge(scorer, margin=1.0).evaluate(INP))
+    assert (close.score, close.votes) == (0, [None]) and undecided(close.score, close.votes)
+    assert close.logprobs == scorer.lp
+    assert asyncio.run(LikelihoodJudge(scorer).evaluate(INP)).score == -1  # default: the most likely
+    with pytest.raises(ConfigError, match="margin"):
+        LikelihoodJudge(scorer, margin=-1)
+
+
+def test_the_margin_comes_from_the_mining_settings():
+    import dataclasses
+
+    settings = Settings()
+    settings = dataclasses.replace(settings, mining=dataclasses.replace(settings.mining, likelihood_margin=1.5))
+    assert build_judge("likelihood:self", settings, object()).margin == 1.5
+    assert Settings().mining.likelihood_margin == 0.0
