@@ -234,6 +234,10 @@ def test_likelihood_log_probs_reach_the_outcome():
     items = [_item("dev-0001", 1, None, "thanks, that's perfect")]
     (o,) = asyncio.run(bench.run_llm("likelihood:gguf:m", LikelihoodJudge(Scorer()), items, hints=False))
     assert o.score == 1 and o.logprobs == {-1: -3.0, 0: -2.5, 1: -1.0}
+    undecided = [bench.Outcome("rules", "dev-0001", "dev", 1, None, [], 0.1)]
+    assert bench.cascade(items, undecided, [o])[0].logprobs == o.logprobs  # the LLM decided: its numbers
+    decided = [bench.Outcome("rules", "dev-0001", "dev", 1, 1, [], 0.1)]
+    assert bench.cascade(items, decided, [o])[0].logprobs is None
 
 
 def test_cli_refuses_limit_with_sample(tmp_path):

@@ -208,6 +208,7 @@ def cascade(items: list[Item], rules: list[Outcome], llm: list[Outcome]) -> list
             m.votes if use_llm else [],
             r.seconds + (m.seconds if use_llm else 0.0),
             error=m.error if use_llm else None,
+            logprobs=m.logprobs if use_llm else None,
         )
         if item.label == -1:
             hints = [r.hint] + ([m.hint] if o.score != 1 else [])
