@@ -209,6 +209,16 @@ def test_a_gguf_judge_model_can_be_named_as_in_clawd_models(tiny_gguf, clawd_hom
     assert judge_model_path("judges/j.gguf", paths) == (paths.config_dir / "judges/j.gguf").resolve()
     assert judge_model_path("unknown-name", paths) == (paths.config_dir / "unknown-name").resolve()
     assert judge_model_path("~/j.gguf", None) == Path("~/j.gguf").expanduser()
+    # the daemon's builder loads the named model as the judge's second model
+    import dataclasses
+
+    settings = Settings()
+    settings = dataclasses.replace(settings, model=dataclasses.replace(settings.model, n_ctx=512, n_threads=1))
+    judge = build_judge("likelihood:gguf:tiny-judge", settings, None, paths)
+    try:
+        assert judge.completer.source == "gguf" and judge.completer.chat.info.n_ctx == 512
+    finally:
+        asyncio.run(judge.completer.aclose())
 
 
 class _FixedScorer:
