@@ -39,7 +39,7 @@ bench-learning: $(STAMP)  ## simulated users: does it learn their preference? hy
 	$(PY) -m pip install --quiet -e ".[bench]"
 	$(PY) benchmarks/learning.py $(ARGS)
 
-bench-hints: $(STAMP)  ## does the hinted teacher (base + the user's correction) comply? per hint wording (~3 min)
+bench-hints: $(STAMP)  ## does the hinted teacher (base + the user's correction) comply? per hint wording and source (ARGS="--hint-source raw,judge --model PATH")
 	$(PY) benchmarks/hint_wording.py $(ARGS)
 
 bench-judge: $(STAMP)  ## the judges on the labelled next-state corpus: correction recall, inverted verdicts, hints (ARGS=... e.g. --judge rules)

@@ -121,13 +121,20 @@ class MiningSettings:
     judge: str = _f(
         "self",
         "Evaluative judge used when the rules are undecided: rules (rules only), self (the served "
-        "model, no adapter), gguf:PATH (a second local model), openai:BASE_URL[#MODEL], or likelihood:self / "
-        "likelihood:gguf:PATH (the verdict scored by likelihood instead of sampled votes).",
+        "model, no adapter), gguf:PATH or gguf:NAME (a second local model, a file or a name from `clawd models "
+        "list`), openai:BASE_URL[#MODEL], or likelihood:self / likelihood:gguf:PATH (the verdict scored by "
+        "likelihood instead of sampled votes).",
     )
     hint_judge: str = _f(
         "self", "Hint (directive) judge, same forms as judge; rules = the user's own correction sentences only."
     )
     votes: int = _f(3, "Judge votes per turn (majority; ties give 0).", min=1)
+    likelihood_margin: float = _f(
+        0.0,
+        "A likelihood judge gives its verdict only when it beats the next most likely one by this many "
+        "nats (log-prob); closer calls give 0 (no decision). 0 = always the most likely.",
+        min=0.0,
+    )
     temperature: float = _f(0.6, "Judge sampling temperature.", min=0.0)
     top_k: int = _f(4, "Top-k tokens per position for overlap-guided hint selection and OPD.", min=1)
     max_hints: int = _f(3, "Hint candidates kept per turn (shortest first).", min=1)
