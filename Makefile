@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 WORKERS ?= 2  # pytest-xdist workers for test-fast (CI's `make test` stays serial: steadier timings)
 
-.PHONY: serve chat test test-fast demo bench-serve bench-learning bench-hints bench-judge bench-train bench-tui bench-mlx
+.PHONY: serve chat test test-fast demo bench-serve bench-agent bench-learning bench-hints bench-judge bench-train bench-tui bench-mlx
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -31,11 +31,15 @@ demo: $(STAMP)  ## teach the embedded model one correction, show the change, rol
 bench-serve: $(STAMP)  ## serving speed through the daemon vs raw llama-cpp-python
 	$(PY) benchmarks/serve.py
 
+bench-agent: $(STAMP)  ## agent-sized prompts (~6k-token preamble + tools): TTFT per turn, clawd vs llama_cpp.server (ARGS=--model PATH)
+	$(PY) -m pip install --quiet -e ".[bench]"
+	$(PY) benchmarks/agent_prompt.py $(ARGS)
+
 bench-learning: $(STAMP)  ## simulated users: does it learn their preference? hybrid vs RL vs OPD (~25 min; ARGS=... to change)
 	$(PY) -m pip install --quiet -e ".[bench]"
 	$(PY) benchmarks/learning.py $(ARGS)
 
-bench-hints: $(STAMP)  ## does the hinted teacher (base + the user's correction) comply? per hint wording (~3 min)
+bench-hints: $(STAMP)  ## does the hinted teacher (base + the user's correction) comply? per hint wording and source (ARGS="--hint-source raw,judge --model PATH")
 	$(PY) benchmarks/hint_wording.py $(ARGS)
 
 bench-judge: $(STAMP)  ## the judges on the labelled next-state corpus: correction recall, inverted verdicts, hints (ARGS=... e.g. --judge rules)

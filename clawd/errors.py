@@ -106,6 +106,13 @@ class Preempted(ClawdError):
     status = 503
 
 
+class UpstreamUnavailable(ClawdError):
+    """A service clawd was told to ask (Open WebUI's API) did not answer usefully."""
+
+    status = 502
+    code = "upstream_unavailable"
+
+
 class ModelLoadError(ClawdError):
     """The model file is missing, unreadable or not a model llama.cpp can load."""
 

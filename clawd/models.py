@@ -154,4 +154,11 @@ def load_engine(settings: ModelSettings, choice: ModelChoice, *, top_k: int = 40
         return Mlx(choice.path, n_ctx=settings.n_ctx, top_k=top_k, model_id=choice.id, cache_dir=cache_dir)
     from clawd.engines.llamacpp import Engine
 
-    return Engine(choice.path, n_ctx=settings.n_ctx, n_threads=settings.n_threads, top_k=top_k, model_id=choice.id)
+    return Engine(
+        choice.path,
+        n_ctx=settings.n_ctx,
+        n_threads=settings.n_threads,
+        top_k=top_k,
+        model_id=choice.id,
+        prefix_cache_mb=settings.prefix_cache_mb,
+    )

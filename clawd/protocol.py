@@ -214,6 +214,9 @@ class Status(BaseModel):
     # Whether turns are being logged: status ok / degraded, reason (disk full, read-only, other),
     # detail, since. Degraded clears itself when a write succeeds again.
     storage: dict[str, Any] | None = None
+    # The Open WebUI connector (openwebui.url set): url, last_pull_at, last_error, last (outcome
+    # counts of the last pull), outcomes (every rating held, by outcome). None when not set.
+    openwebui: dict[str, Any] | None = None
 
 
 class TurnSummary(BaseModel):

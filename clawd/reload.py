@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 # Keys applied to the running daemon. Everything else (server.*, model.*) is fixed at
 # start-up: generation.top_k is baked into the engine's sampler and mining.enabled decides
 # whether a miner exists at all, so they need a restart too.
-LIVE_PREFIXES = ("generation.", "mining.", "training.", "log_level")
+LIVE_PREFIXES = ("generation.", "mining.", "training.", "openwebui.", "log_level")
 RESTART_ONLY = {"generation.top_k", "mining.enabled"}
 # A safety net under file events (missed on some filesystems, or while the watch starts):
 # the file's content is compared at least this often.
@@ -85,6 +85,7 @@ class ConfigWatcher:
         chat,
         miner=None,
         scheduler=None,
+        openwebui=None,
     ):
         self.config_file = Path(config_file)
         self.env = dict(env)
@@ -94,6 +95,7 @@ class ConfigWatcher:
         self.chat = chat
         self.miner = miner
         self.scheduler = scheduler
+        self.openwebui = openwebui  # the Open WebUI connector (openwebui/connector.py FeedbackSync)
         self.state = ReloadState()
         self._seen = self._digest()
         self._stop = asyncio.Event()
@@ -147,6 +149,9 @@ class ConfigWatcher:
             self.scheduler.settings = new.training  # read afresh at every check and by the next run
         if self.scheduler is not None and "mining.top_k" in live:
             self.scheduler.top_k = new.mining.top_k  # the next job carries it to the trainer
+        if self.openwebui is not None and any(k.startswith("openwebui.") for k in live):
+            self.openwebui.settings = new.openwebui  # read afresh by every pull
+            self.openwebui.poke()  # a new address or key is tried now, not a poll later
         if "log_level" in live:
             level = new.log_level.upper()
             for name in ("", "uvicorn", "uvicorn.error"):

@@ -104,14 +104,18 @@ async def attribute(
     *,
     remote: str | None = None,
     now: float | None = None,
+    background_task: bool = False,
 ) -> Attribution:
     """Decide session, turn type and regenerate link for one request from `remote` (the
-    client's address)."""
+    client's address). A `background_task` (a chat UI's title or tags request, see
+    openwebui/origin.py) is a side turn whatever else it says."""
     now = time.time() if now is None else now
     key = client_key(headers, remote)
     turn_type = headers.get("x-turn-type") or req.turn_type or "main"
     if turn_type not in ("main", "side"):
         raise InvalidRequest(f"X-Turn-Type must be 'main' or 'side', got {turn_type[:40]!r}", param="turn_type")
+    if background_task:
+        turn_type = "side"
     done = _flag(headers.get("x-session-done")) or _flag(req.session_done)
     explicit, source = headers.get("x-session-id"), "header"
     if not explicit and req.session_id:

@@ -190,3 +190,63 @@ def test_cli_refuses_a_bad_limit(tmp_path):
         timeout=60,
     )
     assert p.returncode == 1 and "--limit must be at least 1" in p.stderr
+
+
+def test_sample_spreads_over_the_split_and_is_the_same_every_run():
+    rows = list(range(10))
+    assert bench.spread(rows, 5) == [0, 2, 4, 6, 8]
+    assert bench.spread(rows, 3) == [0, 3, 6]
+    assert bench.spread(rows, 20) == rows
+    dev = bench.load_items("dev", sample=12)
+    assert len(dev) == 12 and dev == bench.load_items("dev", sample=12)
+    # spread over the file, not its head: the last item taken lies in its last twelfth
+    n = len(bench.read_split("dev"))
+    ids = [int(i.id.removeprefix("dev-")) for i in dev]
+    assert ids == sorted(ids) and ids[-1] > n * 11 / 12
+
+
+def test_cascade_only_asks_the_llm_where_the_rules_are_undecided():
+    items = [
+        _item("dev-0001", -1, "End the answer with 'Cheers'.", "You forgot to sign off with Cheers."),
+        _item("dev-0002", 1, None, "thanks, that's perfect"),
+    ]
+    rules = [
+        bench.Outcome("rules", "dev-0001", "dev", -1, -1, [], 0.1),
+        bench.Outcome("rules", "dev-0002", "dev", 1, None, [], 0.1),  # undecided: the LLM decides
+    ]
+    judge = LLMJudge(_ScriptedCompleter("\\boxed{1}", "unused"), votes=1)
+    asked = asyncio.run(bench.run_llm("self", judge, [items[1]], hints=False))
+    lined = bench.fill_unasked("self", items, asked)
+    assert [o.id for o in lined] == ["dev-0001", "dev-0002"] and lined[1] is asked[0]
+    both = bench.cascade(items, rules, lined)
+    assert [o.score for o in both] == [-1, 1] and both[0].votes == [] and both[1].votes == [1]
+
+
+def test_likelihood_log_probs_reach_the_outcome():
+    from clawd.judge import LikelihoodJudge
+
+    class Scorer:
+        source = "gguf"
+
+        async def logprob(self, messages, completion):
+            return {"\\boxed{-1}": -3.0, "\\boxed{0}": -2.5, "\\boxed{1}": -1.0}[completion]
+
+    items = [_item("dev-0001", 1, None, "thanks, that's perfect")]
+    (o,) = asyncio.run(bench.run_llm("likelihood:gguf:m", LikelihoodJudge(Scorer()), items, hints=False))
+    assert o.score == 1 and o.logprobs == {-1: -3.0, 0: -2.5, 1: -1.0}
+    undecided = [bench.Outcome("rules", "dev-0001", "dev", 1, None, [], 0.1)]
+    assert bench.cascade(items, undecided, [o])[0].logprobs == o.logprobs  # the LLM decided: its numbers
+    decided = [bench.Outcome("rules", "dev-0001", "dev", 1, 1, [], 0.1)]
+    assert bench.cascade(items, decided, [o])[0].logprobs is None
+
+
+def test_cli_refuses_limit_with_sample(tmp_path):
+    p = subprocess.run(
+        [sys.executable, "-m", "clawd.cli", "bench", "judge", "--limit", "3", "--sample", "3"],
+        cwd=ROOT,
+        env=make_env(tmp_path / "home"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert p.returncode == 1 and "not both" in p.stderr

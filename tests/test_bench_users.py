@@ -16,6 +16,7 @@ from clawd.bench.users import load_user, parse_user, resolve_user, shipped_users
 from clawd.errors import ConfigError
 from clawd.judge import JudgeInput
 from clawd.judge_rules import RulesJudge
+from tests.conftest import ROOT
 
 
 def user_with(checks: list[dict], **over) -> object:
@@ -356,3 +357,53 @@ def test_merge_pools_seeds_of_comparable_runs_and_refuses_others(tmp_path, capsy
     (tmp_path / "other.json").write_text("[1, 2]")
     assert main(["--merge", str(tmp_path / "other.json"), "--out", str(tmp_path / "z")]) == 1
     assert "is not a results.json" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", shipped_users())
+def test_raw_hints_are_the_users_words_on_the_prompts_the_judge_hints(name):
+    """--hint-source raw: the teacher sees the correction as the user typed it, on exactly the
+    prompts where the rules judge writes a hint (the same prompts for both sources)."""
+    from clawd.bench.learning import Budget, measure, teacher_context, teacher_hint
+    from clawd.served import HINT_MARKER
+
+    user = resolve_user(name)
+    d = RecordingDaemon(lambda content: "fine")
+    point = measure(d, user, Budget(eval_prompts=3), "teacher", hinted=teacher_context, hint_source="raw")
+    judged = measure(RecordingDaemon(lambda c: "fine"), user, Budget(eval_prompts=3), "t", hinted=teacher_context)
+    assert len(point["answers"]) == len(judged["answers"]) == 3
+    for i, answer in enumerate(point["answers"]):
+        correction = user.corrections[i % len(user.corrections)]
+        assert answer["prompt"] == user.held_out[i] + HINT_MARKER + correction.strip()
+        assert teacher_hint(user, user.held_out[i], i, "raw") == correction.strip()
+    with pytest.raises(ValueError, match="hint source"):
+        teacher_hint(user, user.held_out[0], 0, "llm")
+
+
+def test_raw_hints_skip_corrections_the_judge_makes_no_hint_of():
+    from clawd.bench.learning import teacher_hint
+
+    user = user_with(
+        [{"kind": "lowercase"}],
+        held_out=["say bye."],
+        reactions={"corrections": ["Hmm.", "Well well."], "approvals": ["Thanks."]},
+    )  # no cue: the judge makes no hint
+    assert teacher_hint(user, "say bye.", 0, "judge") is None
+    assert teacher_hint(user, "say bye.", 1, "raw") is None
+
+
+def test_hint_wording_table_has_a_column_per_source_and_wording_and_a_mean():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("hint_wording", ROOT / "benchmarks" / "hint_wording.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    rows = [
+        {"user": "terse", "source": "raw", "wording": "method", "greedy": 0.5, "sampled": 0.25},
+        {"user": "terse", "source": "judge", "wording": "method", "greedy": 1.0, "sampled": 0.75},
+        {"user": "calm", "source": "raw", "wording": "method", "greedy": 0.0, "sampled": 0.25},
+        {"user": "calm", "source": "judge", "wording": "method", "greedy": 0.5, "sampled": 0.25},
+    ]
+    lines = mod.table(rows).splitlines()
+    assert lines[0] == "| user | raw: method | judge: method |"
+    assert lines[2] == "| terse | 50% / 25% | 100% / 75% |"
+    assert lines[4] == "| mean | **25% / 25%** | **75% / 50%** |"

@@ -128,7 +128,8 @@ def make_engine(request, tiny_gguf, tmp_path_factory):
         )
 
         def factory():
-            return LlamaCpp(path, n_ctx=N_CTX, n_threads=1, model_id=f"tiny-{arch}")
+            # The prefix cache on, as the daemon serves (model.prefix_cache_mb).
+            return LlamaCpp(path, n_ctx=N_CTX, n_threads=1, model_id=f"tiny-{arch}", prefix_cache_mb=8)
 
     made = []
 

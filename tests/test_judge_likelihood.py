@@ -5,6 +5,7 @@ prompt with llama-cpp-python's high-level Llama on a tiny real GGUF."""
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -82,6 +83,67 @@ def test_likelihood_verdict_matches_an_independent_scoring(tiny_gguf_2k):
     assert verdict.votes == [verdict.score] and verdict.source == "self"
 
 
+# A chat template whose turn markers are the tiny vocabulary's control tokens, as an
+# instruction-tuned model's are (Qwen's <|im_start|> / <|im_end|>).
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<s>{{ m['role'] }}\n{{ m['content'] }}</s>\n{% endfor %}"
+    "{% if add_generation_prompt %}<s>assistant\n{% endif %}"
+)
+
+
+def test_likelihood_judge_on_a_gguf_scores_under_its_chat_template(tmp_path):
+    """likelihood:gguf:PATH (a second local model, as `clawd bench judge` and the miner build
+    it) scores each verdict as the reply in the model's own chat template: checked against
+    the template rendered with jinja2 and scored with llama-cpp-python directly."""
+    import dataclasses
+
+    import jinja2
+    from llama_cpp import Llama
+
+    from tests.tiny_models import build_tiny_gguf
+
+    path = build_tiny_gguf(tmp_path / "chat.gguf", n_ctx_train=2048, chat_template=CHAT_TEMPLATE)
+    settings = Settings()
+    settings = dataclasses.replace(settings, model=dataclasses.replace(settings.model, n_ctx=2048, n_threads=1))
+    judge = build_judge(f"likelihood:gguf:{path}", settings, None)
+    assert isinstance(judge, LikelihoodJudge) and judge.completer.source == "gguf"
+    messages = evaluative_messages(INP)
+
+    async def go():
+        try:
+            mine = {v: await judge.completer.logprob(messages, t) for v, t in VERDICT_TEXTS.items()}
+            return (
+                mine,
+                await judge.evaluate(INP),
+                judge.completer.chat.prompt_ids([Message.model_validate(m) for m in messages]),
+            )
+        finally:
+            await judge.completer.aclose()
+
+    mine, verdict, used_ids = asyncio.run(go())
+
+    llm = Llama(model_path=str(path), n_ctx=2048, logits_all=True, n_threads=1, verbose=False)
+    try:
+        template = llm.metadata["tokenizer.chat_template"]
+        rendered = jinja2.Environment().from_string(template).render(messages=messages, add_generation_prompt=True)
+        assert rendered.endswith("<s>assistant\n")
+        # No client text here spells a marker, so tokenizing it all with special=True is exact.
+        prompt_ids = llm.tokenize(rendered.encode(), add_bos=False, special=True)
+        assert prompt_ids.count(0) == len(messages) + 1  # <s> as the control token, once per turn
+        ref = {
+            v: _independent_logprob(llm, prompt_ids, llm.tokenize(t.encode(), add_bos=False, special=False))
+            for v, t in VERDICT_TEXTS.items()
+        }
+    finally:
+        llm.close()
+
+    assert used_ids == prompt_ids
+    for v in VERDICT_TEXTS:
+        assert mine[v] == pytest.approx(ref[v], abs=2e-3)
+    assert verdict.score == max(ref, key=ref.get)
+    assert verdict.logprobs == pytest.approx(ref, abs=2e-3)
+
+
 def test_likelihood_judge_specs():
     settings = Settings()
     served = object()  # build_judge only hands it to the completer
@@ -129,3 +191,64 @@ def test_bench_runs_the_likelihood_judge_on_a_local_gguf(tiny_gguf_2k, tmp_path)
     assert len(outcomes) == 3
     for o in outcomes:
         assert (o["score"] in (-1, 0, 1) and o["votes"] == [o["score"]]) or "tokens" in (o["error"] or "")
+
+
+def test_a_gguf_judge_model_can_be_named_as_in_clawd_models(tiny_gguf, clawd_home, tmp_path):
+    """gguf:NAME is the GGUF registered under NAME (`clawd models add`); a path stays a path,
+    relative ones from config.toml's folder, as model.path."""
+    from clawd.daemon import judge_model_path
+    from clawd.model_registry import add_model
+    from clawd.paths import ensure_dirs, resolve_paths
+    from tests.conftest import make_env
+
+    paths = resolve_paths(make_env(clawd_home))
+    ensure_dirs(paths)
+    add_model(paths, tiny_gguf, name="tiny-judge", echo=lambda _: None)
+    assert judge_model_path("tiny-judge", paths) == tiny_gguf.resolve()
+    assert judge_model_path(str(tiny_gguf), paths) == tiny_gguf
+    assert judge_model_path("judges/j.gguf", paths) == (paths.config_dir / "judges/j.gguf").resolve()
+    assert judge_model_path("unknown-name", paths) == (paths.config_dir / "unknown-name").resolve()
+    assert judge_model_path("~/j.gguf", None) == Path("~/j.gguf").expanduser()
+    # the daemon's builder loads the named model as the judge's second model
+    import dataclasses
+
+    settings = Settings()
+    settings = dataclasses.replace(settings, model=dataclasses.replace(settings.model, n_ctx=512, n_threads=1))
+    judge = build_judge("likelihood:gguf:tiny-judge", settings, None, paths)
+    try:
+        assert judge.completer.source == "gguf" and judge.completer.chat.info.n_ctx == 512
+    finally:
+        asyncio.run(judge.completer.aclose())
+
+
+class _FixedScorer:
+    source = "gguf"
+
+    def __init__(self, lp: dict[int, float]):
+        self.lp = lp
+
+    async def logprob(self, messages, completion):
+        return self.lp[{t: v for v, t in VERDICT_TEXTS.items()}[completion]]
+
+
+def test_a_near_tie_under_the_margin_is_no_decision():
+    from clawd.bench.judge_scoring import undecided
+
+    scorer = _FixedScorer({-1: -2.0, 0: -2.9, 1: -2.6})  # -1 leads by 0.6 nats
+    clear = asyncio.run(LikelihoodJudge(scorer, margin=0.5).evaluate(INP))
+    assert (clear.score, clear.votes) == (-1, [-1]) and not undecided(clear.score, clear.votes)
+    close = asyncio.run(LikelihoodJudge(scorer, margin=1.0).evaluate(INP))
+    assert (close.score, close.votes) == (0, [None]) and undecided(close.score, close.votes)
+    assert close.logprobs == scorer.lp
+    assert asyncio.run(LikelihoodJudge(scorer).evaluate(INP)).score == -1  # default: the most likely
+    with pytest.raises(ConfigError, match="margin"):
+        LikelihoodJudge(scorer, margin=-1)
+
+
+def test_the_margin_comes_from_the_mining_settings():
+    import dataclasses
+
+    settings = Settings()
+    settings = dataclasses.replace(settings, mining=dataclasses.replace(settings.mining, likelihood_margin=1.5))
+    assert build_judge("likelihood:self", settings, object()).margin == 1.5
+    assert Settings().mining.likelihood_margin == 0.0

@@ -246,7 +246,10 @@ def test_restart_only_keys_are_reported_not_applied(watched):
         assert status["port"] == watched.state.port != 45678  # still serving where it started
 
         # Editing a key back to the value the daemon runs with clears it from the list.
-        t = edit(home, text.replace("port = 45678", "port = 0").replace("n_ctx = 128", "n_ctx = 4096"))
+        from clawd.config import ModelSettings
+
+        default_n_ctx = f"n_ctx = {ModelSettings().n_ctx}"  # what the daemon started with
+        t = edit(home, text.replace("port = 45678", "port = 0").replace("n_ctx = 128", default_n_ctx))
         status = wait_status(url, reloaded_since(t))
         assert status["config"]["restart_required"] == ["generation.top_k"]
     finally:

@@ -130,7 +130,7 @@ async def test_upgrade_applies_only_new_migrations(tmp_path, monkeypatch):
     from clawd.store import turns as turn_rows
 
     row = dict(zip(turn_rows._COLUMNS, turn_rows._to_row(make_turn(7))))
-    for added in ("tool_calls_json", "response_seen", "client_key"):
+    for added in ("tool_calls_json", "response_seen", "client_key", "client_chat_id", "client_message_id"):
         row.pop(added)
     _query(path, "INSERT INTO sessions (id, created_at, updated_at, source) VALUES (?, 0, 0, 'new')", row["session_id"])
     _query(path, f"INSERT INTO turns ({', '.join(row)}) VALUES ({', '.join('?' * len(row))})", *row.values())

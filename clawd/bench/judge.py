@@ -1,7 +1,8 @@
 """How well do clawd's judges read a next state? Every configured judge on the labelled corpus.
 
     clawd bench judge [--judge rules|self|gguf:PATH|openai:URL[#MODEL] ...] [--split dev|heldout|all]
-                      [--limit N] [--model PATH] [--json OUT] [--hints]
+                      [--limit N | --sample N] [--cascade-only] [--no-hints] [--model PATH]
+                      [--json OUT] [--hints]
     (or: make bench-judge ARGS="...")
 
 The corpus (clawd/bench/judge_corpus/*.jsonl, format in README "Judge benchmark") holds
@@ -99,8 +100,11 @@ def to_item(row: dict, split: str) -> Item:
     return Item(row["id"], split, row["kind"], row["voice"], row["label"], row["instruction"], inp)
 
 
-def load_items(split: str, limit: int | None = None, corpus_dir: Path = CORPUS_DIR) -> list[Item]:
-    """The items of `split` ("dev", "heldout" or "all"), validated; `limit` per split."""
+def load_items(
+    split: str, limit: int | None = None, corpus_dir: Path = CORPUS_DIR, *, sample: int | None = None
+) -> list[Item]:
+    """The items of `split` ("dev", "heldout" or "all"), validated; `limit` per split (the
+    first N), or `sample` per split (N spread over the whole split, the same N every run)."""
     wanted = SPLITS if split == "all" else (split,)
     found = {s: read_split(s, corpus_dir) for s in wanted}
     if split != "all" and found[split] is None:
@@ -109,7 +113,16 @@ def load_items(split: str, limit: int | None = None, corpus_dir: Path = CORPUS_D
     problems = scoring.corpus_problems(found)
     if problems:
         raise ConfigError("the judge corpus does not follow its format:\n  " + "\n  ".join(problems[:20]))
-    return [to_item(r, s) for s, rows in found.items() for r in rows[:limit]]
+    return [to_item(r, s) for s, rows in found.items() for r in (spread(rows, sample) if sample else rows[:limit])]
+
+
+def spread(rows: list, n: int) -> list:
+    """n rows taken evenly across `rows`, in order. The corpus files are grouped by kind, so the
+    first N would measure a few kinds only; every k-th row covers them all, and the same n
+    always picks the same rows (a slow judge measured on a sample is comparable run to run)."""
+    if n >= len(rows):
+        return list(rows)
+    return [rows[i * len(rows) // n] for i in range(n)]
 
 
 # ---------------------------------------------------------------------------------------
@@ -128,6 +141,7 @@ class Outcome:
     hint: str | None = None
     hint_ok: bool | None = None  # None: not a correction carrying an instruction
     error: str | None = None
+    logprobs: dict[int, float] | None = None  # the likelihood judge's score per verdict
 
 
 def _hint_fields(item: Item, hints: list[str]) -> tuple[str | None, bool | None]:
@@ -165,7 +179,7 @@ async def run_llm(spec: str, judge, items: list[Item], progress=None, *, hints: 
         o = Outcome(spec, item.id, item.split, item.label, None, [], 0.0)
         try:
             verdict = await judge.evaluate(item.inp)
-            o.score, o.votes = verdict.score, list(verdict.votes)
+            o.score, o.votes, o.logprobs = verdict.score, list(verdict.votes), verdict.logprobs
             if item.label == -1 and hints:
                 made = await judge.hints(item.inp) if verdict.score != 1 else []
                 o.hint, o.hint_ok = _hint_fields(item, made)
@@ -194,12 +208,20 @@ def cascade(items: list[Item], rules: list[Outcome], llm: list[Outcome]) -> list
             m.votes if use_llm else [],
             r.seconds + (m.seconds if use_llm else 0.0),
             error=m.error if use_llm else None,
+            logprobs=m.logprobs if use_llm else None,
         )
         if item.label == -1:
             hints = [r.hint] + ([m.hint] if o.score != 1 else [])
             o.hint, o.hint_ok = _hint_fields(item, hints)
         out.append(o)
     return out
+
+
+def fill_unasked(spec: str, items: list[Item], llm: list[Outcome]) -> list[Outcome]:
+    """The LLM's outcomes lined up with `items`, where it was asked only on some (the rules'
+    undecided ones, --cascade-only): a placeholder, never read by `cascade`, for the rest."""
+    by_id = {o.id: o for o in llm}
+    return [by_id.get(i.id) or Outcome(spec, i.id, i.split, i.label, None, [], 0.0) for i in items]
 
 
 # ---------------------------------------------------------------------------------------
@@ -280,11 +302,18 @@ def build_parser() -> argparse.ArgumentParser:
         "default: rules and config.toml's mining.judge",
     )
     p.add_argument("--split", choices=["dev", "heldout", "all"], default="dev", help="corpus split (default dev)")
-    p.add_argument("--limit", type=int, help="at most N items per split")
+    p.add_argument("--limit", type=int, help="at most N items per split (the first N)")
+    p.add_argument("--sample", type=int, metavar="N", help="N items per split, spread evenly over it (for slow judges)")
     p.add_argument("--model", help="GGUF for the 'self' judge (default: config.toml's model, else the embedded one)")
     p.add_argument("--json", type=Path, metavar="OUT", help="also write figures and every verdict and hint here")
     p.add_argument("--hints", action="store_true", help="print each judge's hint for every correction")
     p.add_argument("--no-hints", action="store_true", help="skip the LLM hint judge (verdicts only; much faster)")
+    p.add_argument(
+        "--cascade-only",
+        action="store_true",
+        help="ask each LLM judge only where the rules are undecided, as the miner does; reports the rules>JUDGE "
+        "row only (much faster for a slow judge)",
+    )
     return p
 
 
@@ -327,7 +356,7 @@ async def _run(args, items: list[Item]) -> list[Outcome]:
     served = load_served_model(settings, paths) if needs_served else None
     try:
         for spec in llm_specs:
-            judge = build_judge(spec, settings, served)
+            judge = build_judge(spec, settings, served, paths)
             if judge is None:
                 continue
 
@@ -335,13 +364,17 @@ async def _run(args, items: list[Item]) -> list[Outcome]:
                 if n % 10 == 0 or n == total:
                     print(f"clawd bench judge: {spec}: {n}/{total}", file=sys.stderr, flush=True)
 
+            asked = [i for i, r in zip(items, rules) if r.score is None] if args.cascade_only else items
             try:
-                llm = await run_llm(spec, judge, items, progress, hints=not args.no_hints)
+                llm = await run_llm(spec, judge, asked, progress, hints=not args.no_hints)
             finally:
                 close = getattr(judge.completer, "aclose", None)
                 if close:
                     await close()
-            outcomes += llm + cascade(items, rules, llm)
+            if args.cascade_only:
+                outcomes += cascade(items, rules, fill_unasked(spec, items, llm))
+            else:
+                outcomes += llm + cascade(items, rules, llm)
     finally:
         if served is not None:
             served.runner.close()
@@ -351,9 +384,12 @@ async def _run(args, items: list[Item]) -> list[Outcome]:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        if args.limit is not None and args.limit < 1:
-            raise ConfigError("--limit must be at least 1")
-        items = load_items(args.split, args.limit)
+        for flag, value in (("--limit", args.limit), ("--sample", args.sample)):
+            if value is not None and value < 1:
+                raise ConfigError(f"{flag} must be at least 1")
+        if args.limit and args.sample:
+            raise ConfigError("give --limit or --sample, not both")
+        items = load_items(args.split, args.limit, sample=args.sample)
         outcomes = asyncio.run(_run(args, items))
     except ClawdError as e:
         print(f"clawd bench judge: error: {e.message}", file=sys.stderr)

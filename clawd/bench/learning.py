@@ -138,18 +138,20 @@ def measure(
     budget: Budget,
     step: int | str,
     hinted: Callable[[str, str], list[dict]] | None = None,
+    hint_source: str = "judge",
 ) -> dict:
     """Held-out compliance of the live adapter, greedy and sampled (fixed seeds, side turns).
     `hinted(prompt, hint)`: ask each prompt with one of the user's corrections as the miner
     turns it into a hint, in that wording (`teacher_context` = the teacher's own): what the
     hinted model itself would answer (a correction the rules judge makes no hint of is
-    skipped: the miner would have none)."""
+    skipped: the miner would have none). `hint_source` (HINT_SOURCES): the hint the rules
+    judge writes, or the user's correction as they typed it."""
     prompts = user.held_out[: budget.eval_prompts]
     answers = []
     for i, prompt in enumerate(prompts):
         msgs = [{"role": "user", "content": prompt}]
         if hinted:
-            hint = teacher_hint(user, prompt, i)
+            hint = teacher_hint(user, prompt, i, hint_source)
             if hint is None:
                 continue
             msgs = hinted(prompt, hint)
@@ -182,10 +184,22 @@ def measure(
     }
 
 
-def teacher_hint(user: SimulatedUser, prompt: str, i: int) -> str | None:
-    """The user's i-th correction (cycled) as the rules judge makes it a hint, or None."""
+# Where the teacher's hint comes from: "judge", the rules judge's hint (the user's request
+# restated as an instruction, what the miner keeps); "raw", the user's correction verbatim.
+HINT_SOURCES = ("judge", "raw")
+
+
+def teacher_hint(user: SimulatedUser, prompt: str, i: int, source: str = "judge") -> str | None:
+    """The user's i-th correction (cycled) as a hint from `source`, or None where the rules
+    judge makes no hint of it: the miner would have none, so "raw" skips the same
+    corrections and both sources are measured on the same prompts."""
+    if source not in HINT_SOURCES:
+        raise ValueError(f"hint source must be one of {HINT_SOURCES}, not {source!r}")
     reply = user.corrections[i % len(user.corrections)]
-    return RulesJudge().correction(JudgeInput([{"role": "user", "content": prompt}], "", reply, "user"))
+    hint = RulesJudge().correction(JudgeInput([{"role": "user", "content": prompt}], "", reply, "user"))
+    if hint is None or source == "judge":
+        return hint
+    return reply.strip()
 
 
 def converse(d: Daemon, user: SimulatedUser, task: str, index: int, seed: int, budget: Budget) -> dict:

@@ -20,25 +20,33 @@ from pathlib import Path
 import numpy as np
 
 from clawd.engines import base
+from clawd.engines.prefix_cache import PrefixCache, common_prefix
 from clawd.engines.sampling import top_alternatives
 from clawd.errors import AdapterError, ContextLengthExceeded, EngineError, ModelLoadError, Preempted
 
 log = logging.getLogger(__name__)
 
 _SCORE_CHUNK = 64  # rows of full-vocab logits per decode when scoring (64 x 262k x 4 B = 64 MiB)
-# Prompts are decoded in chunks this long with a cancel check between them, so a user
-# request waits at most one chunk (~0.2 s on 2 cores for the 270M model) for background
-# work; measured no slower than 512-token batches (64-token chunks cost 25% more).
-_PREFILL_CHUNK = 128
+# A user's prompt is decoded in chunks this long (capped at n_batch), with a cancel check
+# between them (a client that hangs up). Without flash attention every chunk reads the whole
+# KV cache, so small chunks cost quadratically more on long prompts: a 2000-token prefill of
+# the 270M model on 2 cores took 66-78 s in 128-token chunks and 31-35 s in 512-token ones
+# (llama-cpp-python's own eval: 35-38 s). Background work yields to users in smaller steps.
+_PREFILL_CHUNK = 512
 # Background work (slot 1) takes smaller steps still, so a user who arrives mid-judging
 # waits ~50 ms rather than a whole chunk; it costs the miner ~25% throughput.
 _BACKGROUND_CHUNK = 32
+# A slot's K/V is parked in the prefix cache before it is dropped only when at least this
+# many of its tokens would be lost: re-prefilling fewer costs less than the copy.
+_PARK_MIN_TOKENS = 32
 _backend_ready = False
 _log_callback = None  # kept referenced: C holds a pointer to it
-# What llama.cpp logs as errors when we abort a background decode on purpose.
+# What llama.cpp logs as errors when we abort a background decode on purpose, or when a
+# saved prefix finds no room to be restored (handled: the other slot makes room, or a prefill).
 _ABORT_NOISE = re.compile(
     rb"compute_async failed with error 1|failed to compute graph, compute status: 1|"
-    rb"failed to decode, ret = 2"
+    rb"failed to decode, ret = 2|state_read_meta: failed to find \d+ available cells|"
+    rb"error loading state: failed to restore kv cache"
 )
 
 
@@ -114,6 +122,7 @@ class Engine(base.Engine):
         n_batch: int = 512,
         top_k: int = 40,
         model_id: str = "",
+        prefix_cache_mb: float = 0.0,
     ):
         lc = _llama()
         self._lc = lc
@@ -165,6 +174,14 @@ class Engine(base.Engine):
         # the n_ctx cells (kv_unified); tokens whose K/V each slot holds, in order:
         self._caches: dict[int, list[int]] = {0: [], 1: []}
         self._slot = 0
+        # K/V a slot drops is parked in host memory (engines/prefix_cache.py) and restored
+        # for a later prompt that shares more of it: other sessions, other adapters.
+        self._store = PrefixCache(int(prefix_cache_mb * 2**20))
+        # A sliding-window model's saved state holds only the last window of its SWA layers,
+        # so a restored one may be extended but not cut: the shortest prefix each slot's live
+        # K/V may be cut back to (0 for everything computed here: swa_full keeps it all).
+        self._swa = lc.llama_model_n_swa(self._model) > 0
+        self._floors: dict[int, int] = {0: 0, 1: 0}
         self._adapters: dict[str, object] = {}
         self._applied: str | None = None
         self._piece_buf = ctypes.create_string_buffer(256)
@@ -247,25 +264,90 @@ class Engine(base.Engine):
 
     def _forget_all(self) -> None:
         self._lc.llama_memory_clear(self._lc.llama_get_memory(self._ctx), True)
-        for cache in self._caches.values():
+        for slot, cache in self._caches.items():
             cache.clear()
+            self._floors[slot] = 0
+
+    def _drop_slot(self, slot: int) -> None:
+        self._lc.llama_memory_seq_rm(self._lc.llama_get_memory(self._ctx), slot, -1, -1)  # never fails
+        self._caches[slot].clear()
+        self._floors[slot] = 0
+
+    @property
+    def prefix_cache(self) -> PrefixCache:
+        return self._store
 
     def _reuse_prefix(self, tokens: Sequence[int], limit: int) -> int:
-        """Keep the cached K/V of the longest common prefix (at most `limit` tokens),
-        drop the rest, and return how many tokens are kept."""
+        """Bring this slot to the longest common prefix of `tokens[:limit]` it can have: its
+        own K/V, or a longer saved prefix restored from the prefix cache; drop the rest
+        (parked first when worth it) and return how many tokens are kept."""
         lc = self._lc
-        keep = 0
-        for a, b in zip(self._cached, tokens[:limit]):
-            if a != b:
-                break
-            keep += 1
+        slot = self._slot
+        keep = common_prefix(np.asarray(self._cached, np.int32), np.asarray(tokens[:limit], np.int32))
+        if keep < self._floors[slot]:
+            keep = 0  # a restored SWA state cut here would lack part of its window
+        losing = len(self._cached) - keep >= _PARK_MIN_TOKENS
+        entry, common = None, 0
+        if self._store.enabled and limit > keep:
+            entry, common = self._store.best(self._applied, tokens, limit, better_than=keep)
+        if entry is not None:
+            if losing:
+                self._park(slot)
+            keep = common if self._restore(entry, slot) else 0
+        elif losing:
+            self._park(slot)
         mem = lc.llama_get_memory(self._ctx)
         if keep < len(self._cached):
-            if not lc.llama_memory_seq_rm(mem, self._slot, keep, -1):
-                lc.llama_memory_seq_rm(mem, self._slot, -1, -1)  # removing a whole sequence never fails
+            if not lc.llama_memory_seq_rm(mem, slot, keep, -1):
+                self._drop_slot(slot)
                 keep = 0
         del self._cached[keep:]
+        if losing and self._swa and keep >= _PARK_MIN_TOKENS:
+            # Two prompts parted here: what they share (an agent's system prompt and tools)
+            # is the prefix the next session will want, and an SWA state of the longer one
+            # cannot be cut back to it later.
+            self._park(slot)
         return keep
+
+    def _park(self, slot: int) -> None:
+        """Save `slot`'s K/V to the prefix cache (unless it is short or already saved). Only
+        the user slot's: background work may restore a saved prefix but never saves its own,
+        so the miner's many judge prompts cannot push users' conversations out."""
+        tokens = self._caches[slot]
+        if slot != 0 or not self._store.enabled or len(tokens) < _PARK_MIN_TOKENS:
+            return
+        floor = len(tokens) if self._swa else 0
+        if self._store.covers(self._applied, tokens, floor):
+            return
+        lc = self._lc
+        size = lc.llama_state_seq_get_size(self._ctx, slot)
+        if not 0 < size <= self._store.max_bytes:
+            return
+        buf = (ctypes.c_uint8 * size)()
+        if lc.llama_state_seq_get_data(self._ctx, buf, size, slot) == size:
+            self._store.put(self._applied, tokens, buf, size, floor)
+
+    def _restore(self, entry, slot: int) -> bool:
+        """Replace `slot`'s K/V with a saved state; False (slot empty) if it does not fit."""
+        lc = self._lc
+        self._drop_slot(slot)
+        other = 1 - slot
+        if len(entry.tokens) + len(self._caches[other]) > self._info.n_ctx:
+            self._park(other)  # cannot fit beside it: make room now rather than fail a copy
+            self._drop_slot(other)
+        ok = lc.llama_state_seq_set_data(self._ctx, entry.state, entry.nbytes, slot) == entry.nbytes
+        if not ok and self._caches[other]:
+            # No room beside the other slot's K/V: it is only a speed-up, park and drop it.
+            self._drop_slot(slot)
+            self._park(other)
+            self._drop_slot(other)
+            ok = lc.llama_state_seq_set_data(self._ctx, entry.state, entry.nbytes, slot) == entry.nbytes
+        if not ok:
+            self._drop_slot(slot)
+            return False
+        self._caches[slot][:] = entry.tokens.tolist()
+        self._floors[slot] = entry.floor
+        return True
 
     def _decode(self, tokens: Sequence[int], start_pos: int, want_logits: Sequence[bool]) -> None:
         """Decode one batch (len <= n_batch) at positions start_pos.., appending to the cache."""
@@ -282,14 +364,13 @@ class Engine(base.Engine):
         self._arm_abort(self._slot == 1 and self._abort_when is not None)
         rc = lc.llama_decode(self._ctx, b)
         if rc == 2:  # aborted for a user: this slot's cache holds part of the batch, drop it
-            lc.llama_memory_seq_rm(lc.llama_get_memory(self._ctx), self._slot, -1, -1)
-            self._cached.clear()
+            self._drop_slot(self._slot)
             raise Preempted("background work was preempted by a user request")
         other = 1 - self._slot
         if rc == 1 and self._caches[other]:
-            # No free KV cells: the other slot's cache is only a speed-up, drop it and retry.
-            lc.llama_memory_seq_rm(lc.llama_get_memory(self._ctx), other, -1, -1)
-            self._caches[other].clear()
+            # No free KV cells: the other slot's cache is only a speed-up, park and drop it, retry.
+            self._park(other)
+            self._drop_slot(other)
             rc = lc.llama_decode(self._ctx, b)
         if rc != 0:
             # The cache may now hold part of the batch: forget it all rather than guess.
@@ -312,6 +393,7 @@ class Engine(base.Engine):
         Returns False if cancelled between chunks (the cache then holds a prefix)."""
         keep = self._reuse_prefix(tokens, len(tokens) - 1)
         rest = tokens[keep:]
+        log.debug("slot %d prompt: %d tokens, %d cached, %d to decode", self._slot, len(tokens), keep, len(rest))
         size = self._chunk(_PREFILL_CHUNK)
         for s in range(0, len(rest), size):
             if cancel is not None and cancel.is_set():
@@ -341,12 +423,14 @@ class Engine(base.Engine):
         old = self._adapters.pop(adapter_id, None)
         if old is not None:
             self._free_adapter(adapter_id, old)
+        self._store.drop_adapter(adapter_id)  # states saved under an old file of this id
         self._adapters[adapter_id] = handle
 
     def unload_adapter(self, adapter_id: str) -> None:
         handle = self._adapters.pop(adapter_id, None)
         if handle is not None:
             self._free_adapter(adapter_id, handle)
+        self._store.drop_adapter(adapter_id)
 
     def _free_adapter(self, adapter_id: str, handle) -> None:
         if self._applied == adapter_id:
@@ -359,10 +443,14 @@ class Engine(base.Engine):
 
     def _apply(self, adapter_id: str | None) -> None:
         """Put exactly this adapter (or none) on the context; cached K/V computed under
-        another adapter would silently mix the two, so a change drops the cache."""
+        another adapter would silently mix the two, so a change drops the live cache
+        (parked first, under the adapter it was computed with)."""
         if adapter_id == self._applied:
             return
         lc = self._lc
+        if self._applied is None or self._applied in self._adapters:  # not while freeing one
+            for slot in self._caches:
+                self._park(slot)
         if adapter_id is None:
             rc = lc.llama_set_adapters_lora(self._ctx, None, 0, None)
         else:

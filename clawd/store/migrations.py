@@ -189,6 +189,37 @@ def m005_turn_boundary_and_client(conn: sqlite3.Connection) -> None:
     conn.execute("CREATE INDEX turns_request_hash_client ON turns(request_hash, client_key)")
 
 
+def m006_client_ids_and_external_feedback(conn: sqlite3.Connection) -> None:
+    # The chat and message ids a chat UI sent with the request (Open WebUI's X-OpenWebUI-Chat-Id /
+    # X-OpenWebUI-Message-Id): a rating made in that UI names the message it rates by that id, so
+    # it lands on this exact turn and not on another with the same text (clawd/openwebui/).
+    conn.execute("ALTER TABLE turns ADD COLUMN client_chat_id TEXT")
+    conn.execute("ALTER TABLE turns ADD COLUMN client_message_id TEXT")
+    conn.execute("CREATE INDEX turns_client_message ON turns(client_message_id) WHERE client_message_id IS NOT NULL")
+    # external_id: the id of the rating in the UI it came from; its rows are replaced (or
+    # deleted) when that rating changes (or is removed) there.
+    conn.execute("ALTER TABLE feedback ADD COLUMN external_id TEXT")
+    conn.execute("CREATE INDEX feedback_external ON feedback(source, external_id) WHERE external_id IS NOT NULL")
+    # Every rating seen from another UI, attached or not: what it was when last applied
+    # (updated_at), so an unchanged one is skipped and a removed one is noticed, and why one
+    # did not attach (outcome, detail) for `clawd status`.
+    conn.execute(
+        """
+        CREATE TABLE external_feedback (
+            source       TEXT NOT NULL,          -- 'openwebui'
+            external_id  TEXT NOT NULL,
+            updated_at   REAL,                   -- the UI's own updated_at of the rating
+            digest       TEXT,                   -- of what clawd read from it: a change within one second shows
+            turn_id      TEXT REFERENCES turns(id) ON DELETE SET NULL,
+            outcome      TEXT NOT NULL,          -- attached | not_found | ambiguous | invalid
+            detail       TEXT,
+            seen_at      REAL NOT NULL,
+            PRIMARY KEY (source, external_id)
+        )
+        """
+    )
+
+
 # Append only. The number in each name is its id and must equal its 1-based position.
 MIGRATIONS: list[Migration] = [
     m001_initial,
@@ -196,6 +227,7 @@ MIGRATIONS: list[Migration] = [
     m003_adapters,
     m004_turn_tool_calls,
     m005_turn_boundary_and_client,
+    m006_client_ids_and_external_feedback,
 ]
 
 _NAME = re.compile(r"^m(\d{3})_\w+$")

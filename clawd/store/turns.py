@@ -58,6 +58,10 @@ class TurnRecord:
     # train on these only. None = a turn recorded before clawd counted them (jobs derives it).
     response_seen: int | None = None
     client_key: str | None = None  # who asked (sessions.client_key): a regenerate is the same client's
+    # The chat UI's own ids for the conversation and for this reply (Open WebUI sends them as
+    # headers when set up to): its ratings name the message they rate by that id.
+    client_chat_id: str | None = None
+    client_message_id: str | None = None
 
     def __post_init__(self) -> None:
         # Normalise so a record compares equal to itself after a round trip.
@@ -105,6 +109,8 @@ _COLUMNS = (
     "tool_calls_json",
     "response_seen",
     "client_key",
+    "client_chat_id",
+    "client_message_id",
 )
 _SELECT = f"SELECT {', '.join(_COLUMNS)} FROM turns"
 _INSERT = f"INSERT INTO turns ({', '.join(_COLUMNS)}) VALUES ({', '.join('?' * len(_COLUMNS))})"
@@ -149,6 +155,8 @@ def _to_row(rec: TurnRecord) -> tuple:
         "tool_calls_json": _dumps(rec.tool_calls) if rec.tool_calls else None,
         "response_seen": rec.response_seen,
         "client_key": rec.client_key,
+        "client_chat_id": rec.client_chat_id,
+        "client_message_id": rec.client_message_id,
     }
     return tuple(values[c] for c in _COLUMNS)
 
@@ -181,6 +189,8 @@ def from_row(r: Any) -> TurnRecord:
         tool_calls=json.loads(r["tool_calls_json"] or "[]") if "tool_calls_json" in r.keys() else [],
         response_seen=_optional(r, "response_seen"),
         client_key=_optional(r, "client_key"),
+        client_chat_id=_optional(r, "client_chat_id"),
+        client_message_id=_optional(r, "client_message_id"),
     )
 
 
@@ -382,6 +392,20 @@ async def session_done(db: Database, session_id: str) -> bool:
     return bool(rows and rows[0][0])
 
 
-async def find_by_response_text(db: Database, text: str) -> TurnRecord | None:
-    """The newest turn that answered exactly `text` (to match other UIs' ratings)."""
-    return await _one(db, f"SELECT * FROM turns WHERE trim(response_text) = ? {_NEWEST} LIMIT 1", (text,))
+async def main_turn_ids_by_client_message(db: Database, message_id: str) -> list[str]:
+    """Main turns that answered the chat UI's message `message_id`, newest first (several only
+    when the UI sent the same id again, e.g. its Continue button)."""
+    rows = await db.conn.execute_fetchall(
+        f"SELECT id FROM turns WHERE client_message_id = ? AND turn_type = 'main' {_NEWEST}", (message_id,)
+    )
+    return [r[0] for r in rows]
+
+
+async def main_turn_ids_by_response_text(db: Database, text: str, *, limit: int = 50) -> list[tuple[str, str | None]]:
+    """(turn id, client_chat_id) of the main turns that answered exactly `text` (whitespace
+    around it aside), newest first: the candidates for a rating that names no known message."""
+    rows = await db.conn.execute_fetchall(
+        f"SELECT id, client_chat_id FROM turns WHERE trim(response_text, char(32, 9, 10, 13)) = ? AND turn_type = 'main' {_NEWEST} LIMIT ?",
+        (text, limit),
+    )
+    return [(r[0], r[1]) for r in rows]
