@@ -44,7 +44,7 @@ def slow_fake_daemon(clawd_home):
     d.stop()
 
 
-async def until(pilot, predicate, timeout: float = 15.0, what: str = "condition") -> None:
+async def until(pilot, predicate, timeout: float = 40.0, what: str = "condition") -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
         if time.monotonic() > deadline:
