@@ -21,6 +21,8 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Literal
@@ -29,7 +31,7 @@ import pytest
 
 from clawd.store import signals, turns
 from clawd.tool_calls.schema_check import schema_errors
-from tests.conftest import TEST_TOKEN, start_daemon
+from tests.conftest import ROOT, TEST_TOKEN, start_daemon
 from tests.test_tool_calls import QWEN_TEMPLATE
 from tests.tiny_models import build_tiny_gguf
 
@@ -219,3 +221,33 @@ def test_smolagents_auto_tool_call_on_an_instruct_model(instruct_daemon):
     assert calls, "the model did not call the tool"
     assert SECRET in str(answer)
     check_the_log(instruct_daemon, calls, "user")
+
+
+# ---- OpenClaw ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(3600)
+def test_openclaw_writes_a_file_and_reads_it_back(tmp_path):
+    """examples/openclaw_agent.sh for real: Node and OpenClaw from npm (cached in the script's
+    cache directory), clawd on the instruct model, `openclaw agent --local` with the file tools.
+    The model is CLAWD_OPENCLAW_MODEL, else CLAWD_TEST_INSTRUCT_GGUF."""
+    model = os.environ.get("CLAWD_OPENCLAW_MODEL") or os.environ.get(INSTRUCT_ENV)
+    if not model or not Path(model).is_file():
+        pytest.skip(f"CLAWD_OPENCLAW_MODEL / {INSTRUCT_ENV} name no GGUF file (an instruct model)")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CLAWD_") or k == "CLAWD_OPENCLAW_CACHE"}
+    env["CLAWD_CMD"] = f"{sys.executable} -m clawd.cli"
+    env["PYTHONPATH"] = str(ROOT)
+    script = ROOT / "examples" / "openclaw_agent.sh"
+    proc = subprocess.run(
+        ["bash", str(script), "--model", model, "--work", str(tmp_path / "run")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=3500,
+    )
+    out = proc.stdout + proc.stderr
+    if proc.returncode == 2:
+        pytest.skip("Node >= 24.16 or OpenClaw could not be installed from npm:\n" + out[-2000:])
+    assert proc.returncode == 0, out[-6000:]
+    # clawd logged the agent's tool calls: the write, then the read.
+    assert "calls write(" in out and "calls read(" in out, out[-6000:]

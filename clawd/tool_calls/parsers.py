@@ -334,3 +334,39 @@ class BareJsonParser(_Base):
         except ValueError:
             return [Content(text)]
         return [e for c in calls for e in self._call(*c)] if calls else [Content(text)]
+
+
+class HermesParser(TaggedJsonParser):
+    """Hermes / Qwen2.5 calls as TaggedJsonParser reads them, and also a reply that is nothing
+    but bare call objects (`{"name": ..., "arguments": {...}}`, no tags): Qwen2.5-Coder's small
+    instruct models answer a tool request that way more often than not, and llama.cpp's
+    server accepts the same (its Hermes parser makes the tag optional). A reply that starts
+    with `{` is held to its end, as BareJsonParser holds it; anything else streams as before.
+    Under a grammar the tags are forced, so a live parser never looks for bare calls."""
+
+    def __init__(self, tools: set[str] | None = None, live: bool = False, max_calls: int | None = None):
+        super().__init__(tools, live, max_calls)
+        self._bare: BareJsonParser | None = None
+        self._head: str | None = None if live else ""  # None: decided (tagged)
+
+    def feed(self, text: str) -> list:
+        if self._bare is not None:
+            return self._bare.feed(text)
+        if self._head is None:
+            return super().feed(text)
+        self._head += text
+        if not self._head.strip():
+            return []
+        text, self._head = self._head, None
+        if text.lstrip().startswith("{"):
+            self._bare = BareJsonParser(self.known, max_calls=self.max_calls)
+            return self._bare.feed(text)
+        return super().feed(text)
+
+    def finish(self) -> list:
+        if self._bare is not None:
+            return self._bare.finish()
+        if self._head is not None:  # only whitespace came
+            text, self._head = self._head, None
+            return super().feed(text) + super().finish()
+        return super().finish()
