@@ -102,6 +102,7 @@ for _ in $(seq 600); do
 done
 [ -n "$URL" ] || { echo "clawd did not start" >&2; cat "$WORK/clawd.log" >&2; exit 1; }
 TOKEN="$($CLAWD_CMD token)"
+PORT="${URL##*:}"; export CLAWD_SERVER_PORT="${PORT%/v1}"  # for the `clawd` commands below
 MODEL_ID="$(curl -sf -H "Authorization: Bearer $TOKEN" "$URL/models" | node -e 'let s="";process.stdin.on("data",d=>s+=d).on("end",()=>{const m=JSON.parse(s).data[0];console.log(m.id);console.error(`model ${m.id}: tool_calls ${m.tool_calls}, format ${m.tool_format}`)})')"
 
 # ---- 3. OpenClaw, configured with clawd as its model ---------------------------------------------

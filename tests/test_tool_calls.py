@@ -670,7 +670,8 @@ def test_parsers_never_raise_and_lose_no_text_on_random_markup(make):
 @pytest.mark.parametrize("step", [None, 1, 4])
 def test_hermes_a_reply_that_is_only_a_bare_call_is_a_call(step):
     text = '{"name": "get_weather", "arguments": {"city": "Rome", "days": 1}}'
-    for reply in (text, "\n " + text + "\n", text + '\n{"name": "get_time", "arguments": {"zone": "UTC"}}'):
+    fenced = "```json\n" + text + "\n```"
+    for reply in (text, "\n " + text + "\n", text + '\n{"name": "get_time", "arguments": {"zone": "UTC"}}', fenced):
         events = run(make_plan().parser(), reply, step)
         want = [("get_weather", {"city": "Rome", "days": 1})]
         if "get_time" in reply:
@@ -685,6 +686,8 @@ def test_hermes_a_reply_that_is_only_a_bare_call_is_a_call(step):
         '{"answer": 4}',  # JSON, not a call
         '{"name": "launch_rocket", "arguments": {}}',  # not an offered tool
         '{"name": "get_time", "arguments": {"zone": "UTC"}} and then some words',
+        '```json\n{"answer": 4}\n```',  # a fenced JSON answer
+        '```json\n{"name": "get_time", "arguments": {"zone": "UTC"}}',  # a fence never closed
     ],
 )
 def test_hermes_bare_json_that_is_not_a_call_is_content(text, step):
@@ -697,6 +700,9 @@ def test_hermes_prose_and_tagged_calls_still_stream_as_before():
     assert p.feed(" ") == [] and p.feed("It is") == [Content(" It is")]
     assert calls_of(run(make_plan().parser(), HERMES_TWO, 3)) == calls_of(run(TaggedJsonParser(None), HERMES_TWO))
     assert run(make_plan().parser(), "  \n") == [Content("  \n")]  # only whitespace: kept
+    code = make_plan().parser()  # a fenced code answer streams once its first line is read
+    assert code.feed("```py") == [] and code.feed("thon\nprint(1)") == [Content("```python\nprint(1)")]
+    assert run(make_plan().parser(), "``") == [Content("``")]
 
 
 def test_hermes_under_a_grammar_does_not_hold_a_bare_brace():
