@@ -9,7 +9,7 @@
 # 2. Starts `clawd serve` on the model, in its own clawd home (your daemon and data are left alone).
 # 3. Writes an OpenClaw config with clawd as a custom provider (`models.providers.clawd`,
 #    `api: "openai-completions"`, baseUrl clawd's /v1, the clawd token as apiKey), the file
-#    tools only and no workspace bootstrap files (they would double OpenClaw's ~5k-token
+#    tools only, greedy sampling (a small model's sampled calls go astray) and no workspace bootstrap files (they would double OpenClaw's ~5k-token
 #    system prompt, and a small local model prefills every token of it), then runs `openclaw agent --local --agent main --message ...`: write a
 #    file, then read it back.
 # 4. Prints the agent's reply, the file it wrote, and what clawd logged and mined.
@@ -136,6 +136,7 @@ cat >"$OPENCLAW_CONFIG_PATH" <<EOF
   "agents": {
     "defaults": {
       "model": { "primary": "clawd/$MODEL_ID" },
+      "models": { "clawd/$MODEL_ID": { "params": { "temperature": 0 } } },
       "workspace": "$WORK/workspace",
       "skipBootstrap": true,
       "timeoutSeconds": $TIMEOUT
