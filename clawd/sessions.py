@@ -52,10 +52,19 @@ def _canonical(m: Message) -> dict:
     answers with whitespace trimmed, and as string or parts)."""
     d = {"role": "system" if m.role == "developer" else m.role, "content": m.text().strip()}
     if m.tool_calls:
-        d["tool_calls"] = [[c.function.name, c.function.arguments] for c in m.tool_calls]
+        d["tool_calls"] = [[c.function.name, _same_json(c.function.arguments)] for c in m.tool_calls]
     if m.tool_call_id:
         d["tool_call_id"] = m.tool_call_id
     return d
+
+
+def _same_json(arguments):
+    """A call's arguments as any client echoes them: OpenClaw sends ours back re-serialised
+    (`{"a":1}` for `{"a": 1}`), so the JSON value counts, not its spelling."""
+    try:
+        return json.dumps(json.loads(arguments), sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    except (TypeError, ValueError):
+        return arguments
 
 
 def messages_hash(messages: list[Message]) -> str:

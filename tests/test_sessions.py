@@ -174,6 +174,27 @@ async def test_a_tool_call_turn_rewritten_as_text_continues_when_it_names_our_ca
     assert (a.session_id == "s-agent", a.source) == (same, "prefix" if same else "new")
 
 
+async def test_a_tool_call_echoed_with_other_json_spacing_and_id_continues(db):
+    # OpenClaw sends our call back with its arguments re-serialised and the id's "_" dropped.
+    call = {**CALL, "function": {"name": "f", "arguments": '{"path": "a.txt", "n": 1}'}}
+    await record(db, [U1], "", session_id="s-claw", tool_calls=[call])
+    echoed = {
+        **call,
+        "id": "call5f0c2a9d41b84e6fa3c7d2e1",
+        "function": {"name": "f", "arguments": '{"n":1,"path":"a.txt"}'},
+    }
+    follow = [
+        U1,
+        {"role": "assistant", "tool_calls": [echoed]},
+        {"role": "tool", "tool_call_id": echoed["id"], "content": "ok"},
+    ]
+    a = await sessions.attribute(db, request(follow), H())
+    assert (a.session_id, a.source) == ("s-claw", "prefix")
+    other = {**echoed, "function": {"name": "f", "arguments": '{"n":2,"path":"a.txt"}'}}  # other arguments
+    a = await sessions.attribute(db, request([U1, {"role": "assistant", "tool_calls": [other]}, follow[2]]), H())
+    assert a.source == "new"
+
+
 async def test_a_rewritten_tool_call_turn_from_another_client_is_a_new_session(db):
     await record(db, [U1], "", session_id="s-agent", tool_calls=[CALL], client_key="someone-else")
     follow = [U1, {"role": "assistant", "content": f"Calling tools: {CALL['id']}"}, {"role": "user", "content": "ok"}]
