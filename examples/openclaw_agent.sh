@@ -158,9 +158,10 @@ say "the file the agent wrote"
 if [ -f "$WORK/workspace/notes.txt" ]; then cat "$WORK/workspace/notes.txt"; echo; else echo "(no notes.txt)"; fi
 say "what clawd logged (the turns of OpenClaw's session)"
 api() { curl -sf -H "Authorization: Bearer $TOKEN" "${URL%/v1}$1"; }
-# Let the miner catch up (up to MINE_WAIT seconds): every turn but the last has its next state.
-for _ in $(seq "${MINE_WAIT:-600}"); do
-  api /clawd/status | node -e 'let s="";process.stdin.on("data",d=>s+=d).on("end",()=>{const c=JSON.parse(s).signals||{};const all=Object.values(c).reduce((a,b)=>a+b,0);process.exit((c.waiting||0)+(c.pending||0)>1||all===0?1:0)})' && break
+# Let the miner catch up (up to MINE_WAIT seconds): a call turn is mined once the agent has
+# sent its tool result (a session's last turn waits for a next state that never comes).
+for _ in $(seq "${MINE_WAIT:-300}"); do
+  api /clawd/status | node -e 'let s="";process.stdin.on("data",d=>s+=d).on("end",()=>{const c=JSON.parse(s).signals||{};process.exit((c.pending||0)===0&&(c.ready||0)+(c.empty||0)>0?0:1)})' && break
   sleep 1
 done
 api /clawd/sessions | node -e '
