@@ -52,10 +52,19 @@ def _canonical(m: Message) -> dict:
     answers with whitespace trimmed, and as string or parts)."""
     d = {"role": "system" if m.role == "developer" else m.role, "content": m.text().strip()}
     if m.tool_calls:
-        d["tool_calls"] = [[c.function.name, c.function.arguments] for c in m.tool_calls]
+        d["tool_calls"] = [[c.function.name, _same_json(c.function.arguments)] for c in m.tool_calls]
     if m.tool_call_id:
         d["tool_call_id"] = m.tool_call_id
     return d
+
+
+def _same_json(arguments):
+    """A call's arguments as any client echoes them: OpenClaw sends ours back re-serialised
+    (`{"a":1}` for `{"a": 1}`), so the JSON value counts, not its spelling."""
+    try:
+        return json.dumps(json.loads(arguments), sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    except (TypeError, ValueError):
+        return arguments
 
 
 def messages_hash(messages: list[Message]) -> str:
@@ -138,10 +147,30 @@ async def attribute(
         if req.messages[k - 1].role != "assistant":
             continue
         parent = await turns.find_by_continuation_hash(db, messages_hash(req.messages[:k]))
+        if parent is None and k > 1:
+            parent = await _rewritten_tool_turn(db, req.messages[: k - 1], req.messages[k - 1], key, now)
         if parent:
             return Attribution(parent.session_id, "prefix", turn_type, None, done, key)
         break  # only the latest assistant message can be the one we just answered
     return Attribution(new_session_id(), "new", turn_type, None, done, key)
+
+
+async def _rewritten_tool_turn(
+    db: Database, before: list[Message], assistant: Message, key: str, now: float
+) -> turns.TurnRecord | None:
+    """The same client's turn that answered exactly `before` with tool calls, when `assistant`
+    is that answer re-written by the client: agents that keep their history as text
+    (smolagents: "Calling tools: [{'id': 'call_…', …}]") send our calls back in their own
+    words, so the exact prefix never matches. Our call ids are random and unique, so a
+    message that names every one of them is that turn's answer; any other re-written
+    answer still starts a new session (the reply judged would not be the one logged)."""
+    earlier = await turns.find_repeat(
+        db, messages_hash(before), since=now - REGENERATE_WINDOW_S, session_id=None, client_key=key
+    )
+    if earlier is None or not earlier.tool_calls:
+        return None
+    text = assistant.text()
+    return earlier if all(c.get("id") and c["id"] in text for c in earlier.tool_calls) else None
 
 
 async def forget(db: Database, session_id: str, registry=None) -> dict | None:

@@ -47,6 +47,7 @@ async def record(
     turn_type: str = "main",
     finish_reason: str = "stop",
     client_key: str | None = None,
+    tool_calls: list[dict] | None = None,
 ) -> TurnRecord:
     """Store a turn the way chat.py does: hashes from sessions.py."""
     global _n
@@ -58,7 +59,7 @@ async def record(
         turn_type=turn_type,
         request={"messages": messages},
         request_hash=sessions.messages_hash(msgs),
-        continuation_hash=sessions.continuation_hash(msgs, response),
+        continuation_hash=sessions.continuation_hash(msgs, response, tool_calls),
         prompt_text="p",
         prompt_ids=[1, 2, 3],
         response_ids=[4, 5],
@@ -71,6 +72,7 @@ async def record(
         chat_format="transcript",
         timings={},
         client_key=client_key or sessions.client_key(H(), None),  # the client `attribute(..., H())` sees
+        tool_calls=tool_calls or [],
         **({"created_at": created_at} if created_at is not None else {}),
     )
     await insert_turn(db, rec, source=source)
@@ -151,6 +153,53 @@ async def test_prefix_with_different_answer_is_new_session(db):
     a = await sessions.attribute(db, request(follow), H())
     assert a.source == "new"
     assert a.session_id != "s-conv"
+
+
+CALL = {"id": "call_5f0c2a9d41b84e6fa3c7d2e1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+
+
+@pytest.mark.parametrize(
+    ("assistant", "same"),
+    [
+        # smolagents keeps its history as text: our call comes back in its words, with its id.
+        ({"role": "assistant", "content": f"Calling tools:\n[{{'id': '{CALL['id']}', 'type': 'function'}}]"}, True),
+        ({"role": "assistant", "content": "Calling tools:\n[{'id': 'call_other', 'type': 'function'}]"}, False),
+        ({"role": "assistant", "content": "I called f."}, False),  # no id: any other re-written answer
+    ],
+)
+async def test_a_tool_call_turn_rewritten_as_text_continues_when_it_names_our_call_ids(db, assistant, same):
+    await record(db, [U1], "", session_id="s-agent", tool_calls=[CALL])
+    follow = [U1, assistant, {"role": "user", "content": "Observation:\n42"}]
+    a = await sessions.attribute(db, request(follow), H())
+    assert (a.session_id == "s-agent", a.source) == (same, "prefix" if same else "new")
+
+
+async def test_a_tool_call_echoed_with_other_json_spacing_and_id_continues(db):
+    # OpenClaw sends our call back with its arguments re-serialised and the id's "_" dropped.
+    call = {**CALL, "function": {"name": "f", "arguments": '{"path": "a.txt", "n": 1}'}}
+    await record(db, [U1], "", session_id="s-claw", tool_calls=[call])
+    echoed = {
+        **call,
+        "id": "call5f0c2a9d41b84e6fa3c7d2e1",
+        "function": {"name": "f", "arguments": '{"n":1,"path":"a.txt"}'},
+    }
+    follow = [
+        U1,
+        {"role": "assistant", "tool_calls": [echoed]},
+        {"role": "tool", "tool_call_id": echoed["id"], "content": "ok"},
+    ]
+    a = await sessions.attribute(db, request(follow), H())
+    assert (a.session_id, a.source) == ("s-claw", "prefix")
+    other = {**echoed, "function": {"name": "f", "arguments": '{"n":2,"path":"a.txt"}'}}  # other arguments
+    a = await sessions.attribute(db, request([U1, {"role": "assistant", "tool_calls": [other]}, follow[2]]), H())
+    assert a.source == "new"
+
+
+async def test_a_rewritten_tool_call_turn_from_another_client_is_a_new_session(db):
+    await record(db, [U1], "", session_id="s-agent", tool_calls=[CALL], client_key="someone-else")
+    follow = [U1, {"role": "assistant", "content": f"Calling tools: {CALL['id']}"}, {"role": "user", "content": "ok"}]
+    a = await sessions.attribute(db, request(follow), H())
+    assert a.source == "new"
 
 
 async def test_three_turn_chain(db):

@@ -662,3 +662,50 @@ def test_parsers_never_raise_and_lose_no_text_on_random_markup(make):
         events = [e for piece in pieces for e in p.feed(piece)] + p.finish()
         if not any(isinstance(e, (Call, Delta)) for e in events):
             assert content_of(events) == text
+
+
+# ---- bare calls under the Hermes format (Qwen2.5-Coder writes them without tags) ---------------------
+
+
+@pytest.mark.parametrize("step", [None, 1, 4])
+def test_hermes_a_reply_that_is_only_a_bare_call_is_a_call(step):
+    text = '{"name": "get_weather", "arguments": {"city": "Rome", "days": 1}}'
+    fenced = "```json\n" + text + "\n```"
+    for reply in (text, "\n " + text + "\n", text + '\n{"name": "get_time", "arguments": {"zone": "UTC"}}', fenced):
+        events = run(make_plan().parser(), reply, step)
+        want = [("get_weather", {"city": "Rome", "days": 1})]
+        if "get_time" in reply:
+            want.append(("get_time", {"zone": "UTC"}))
+        assert calls_of(events) == want and content_of(events) == ""
+
+
+@pytest.mark.parametrize("step", [None, 2])
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"answer": 4}',  # JSON, not a call
+        '{"name": "launch_rocket", "arguments": {}}',  # not an offered tool
+        '{"name": "get_time", "arguments": {"zone": "UTC"}} and then some words',
+        '```json\n{"answer": 4}\n```',  # a fenced JSON answer
+        '```json\n{"name": "get_time", "arguments": {"zone": "UTC"}}',  # a fence never closed
+    ],
+)
+def test_hermes_bare_json_that_is_not_a_call_is_content(text, step):
+    events = run(make_plan().parser(), text, step)
+    assert calls_of(events) == [] and content_of(events) == text
+
+
+def test_hermes_prose_and_tagged_calls_still_stream_as_before():
+    p = make_plan().parser()
+    assert p.feed(" ") == [] and p.feed("It is") == [Content(" It is")]
+    assert calls_of(run(make_plan().parser(), HERMES_TWO, 3)) == calls_of(run(TaggedJsonParser(None), HERMES_TWO))
+    assert run(make_plan().parser(), "  \n") == [Content("  \n")]  # only whitespace: kept
+    code = make_plan().parser()  # a fenced code answer streams once its first line is read
+    assert code.feed("```py") == [] and code.feed("thon\nprint(1)") == [Content("```python\nprint(1)")]
+    assert run(make_plan().parser(), "``") == [Content("``")]
+
+
+def test_hermes_under_a_grammar_does_not_hold_a_bare_brace():
+    # A forced call's grammar writes the tags; a live parser streams them at once.
+    p = make_plan(tool_choice="required").parser()
+    assert p.live and p.feed('<tool_call>\n{"name": "get_time", "arguments": {') != []

@@ -7,7 +7,8 @@ syntax, so a template that never mentions tools defines no format, and the API s
 
 Families (what their templates define):
 - `hermes` — Qwen2.5 and Hermes-style templates: calls are
-  `<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`, several allowed.
+  `<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`, several allowed; a reply that
+  is only the bare call object (no tags) counts too, as Qwen2.5-Coder's small models write it.
 - `llama3-json` — Llama 3.1 / 3.2 / 3.3 templates: the reply is `{"name": ..., "parameters":
   {...}}` (the built-in-tool form after `<|python_tag|>` is parsed too).
 - Gemma 3 and SmolLM2: their templates render no tools and define no call syntax, so they
@@ -20,7 +21,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from clawd.tool_calls.parsers import BareJsonParser, TaggedJsonParser
+from clawd.tool_calls.parsers import BareJsonParser, HermesParser
 
 
 @dataclass(frozen=True)
@@ -59,7 +60,7 @@ def _wrap_bare(call_gbnf: str, parallel: bool) -> str:
     return f"root ::= tcall-json{more}\n" + _rename_root(call_gbnf, "tcall-json")
 
 
-HERMES = ToolFormat("hermes", TaggedJsonParser, "arguments", _wrap_tagged)
+HERMES = ToolFormat("hermes", HermesParser, "arguments", _wrap_tagged)
 LLAMA3_JSON = ToolFormat("llama3-json", BareJsonParser, "parameters", _wrap_bare)
 FORMATS = {f.name: f for f in (HERMES, LLAMA3_JSON)}
 

@@ -334,3 +334,66 @@ class BareJsonParser(_Base):
         except ValueError:
             return [Content(text)]
         return [e for c in calls for e in self._call(*c)] if calls else [Content(text)]
+
+
+_FENCE_OPEN = re.compile(r"```[A-Za-z]*[ \t]*\n")
+_FENCED = re.compile(r"\s*```[A-Za-z]*[ \t]*\n(.*?)\n?[ \t]*```\s*", re.S)
+
+
+class HermesParser(TaggedJsonParser):
+    """Hermes / Qwen2.5 calls as TaggedJsonParser reads them, and also a reply that is nothing
+    but bare call objects (`{"name": ..., "arguments": {...}}`, no tags), bare or in one
+    Markdown code fence: Qwen2.5-Coder's small instruct models answer a tool request that way
+    more often than not (0.5B bare, 1.5B fenced), and llama.cpp's server accepts the same (its
+    Hermes parser makes the tag optional and skips a ```json fence). A reply that starts with
+    `{`, or with a fence whose first line starts with `{`, is held to its end, as
+    BareJsonParser holds it; anything else (prose, a fenced code answer) streams as before.
+    Under a grammar the tags are forced, so a live parser never looks for bare calls."""
+
+    def __init__(self, tools: set[str] | None = None, live: bool = False, max_calls: int | None = None):
+        super().__init__(tools, live, max_calls)
+        self._held: str | None = None  # the whole reply, held: it may be bare calls
+        self._head: str | None = None if live else ""  # None: decided
+
+    def feed(self, text: str) -> list:
+        if self._held is not None:
+            self._held += text
+            return []
+        if self._head is None:
+            return super().feed(text)
+        self._head += text
+        verdict = self._bare_or_not(self._head.lstrip())
+        if verdict is None:
+            return []
+        text, self._head = self._head, None
+        if verdict:
+            self._held = text
+            return []
+        return super().feed(text)
+
+    @staticmethod
+    def _bare_or_not(head: str) -> bool | None:
+        """True: the reply may be bare calls; False: it is not; None: too early to say."""
+        if not head or "```".startswith(head):
+            return None
+        if head.startswith("{"):
+            return True
+        if not head.startswith("```"):
+            return False
+        fence = _FENCE_OPEN.match(head)
+        if fence is None:  # the fence's first line is not over yet (or is not a fence's)
+            return None if "\n" not in head and len(head) < 16 else False
+        rest = head[fence.end() :].lstrip()
+        return None if not rest else rest.startswith("{")
+
+    def finish(self) -> list:
+        if self._held is not None:
+            text, self._held = self._held, None
+            fenced = _FENCED.fullmatch(text)
+            bare = BareJsonParser(self.known, max_calls=self.max_calls)
+            events = bare.feed(fenced.group(1) if fenced else text) + bare.finish()
+            return events if any(isinstance(e, Call) for e in events) else [Content(text)]
+        if self._head is not None:  # the reply ended undecided (whitespace, a short fence)
+            text, self._head = self._head, None
+            return super().feed(text) + super().finish()
+        return super().finish()
