@@ -237,7 +237,7 @@ def test_smolagents_auto_tool_call_on_an_instruct_model(instruct_daemon):
 
 
 @pytest.mark.timeout(3600)
-def test_openclaw_writes_a_file_and_reads_it_back(tmp_path):
+def test_openclaw_writes_a_file_through_clawd(tmp_path):
     """examples/openclaw_agent.sh for real: Node and OpenClaw from npm (cached in the script's
     cache directory), clawd on the instruct model, `openclaw agent --local` with the file tools.
     The model is CLAWD_OPENCLAW_MODEL, else CLAWD_TEST_INSTRUCT_GGUF."""
