@@ -63,7 +63,7 @@ def _same_json(arguments):
     (`{"a":1}` for `{"a": 1}`), so the JSON value counts, not its spelling."""
     try:
         return json.dumps(json.loads(arguments), sort_keys=True, ensure_ascii=False, separators=(",", ":"))
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, RecursionError):  # RecursionError: nesting deeper than json can walk
         return arguments
 
 

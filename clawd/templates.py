@@ -123,7 +123,7 @@ class JinjaFormat:
 def _json_or_text(arguments: str):
     try:
         return json.loads(arguments)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, RecursionError):  # RecursionError: nesting deeper than json can walk
         return arguments
 
 

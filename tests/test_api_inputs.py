@@ -204,3 +204,29 @@ def test_the_schema_documents_400_not_422_and_every_error(fake_daemon):
     assert "FeedbackRequest" in members and "OpenWebUIFeedback" in members
     comps = schema["components"]["schemas"]
     assert "turn_id" in comps["FeedbackRequest"]["properties"] and "data" in comps["OpenWebUIFeedback"]["properties"]
+
+
+def test_tool_call_arguments_nested_deeper_than_json_can_walk_are_text_not_a_500(tmp_path):
+    """An echoed assistant call whose arguments nest 1500 deep: sessions compare them as text
+    (and a chat template renders them as text) instead of raising RecursionError."""
+    from clawd.engines.fake import Engine
+    from clawd.templates import _json_or_text
+
+    deep = "[" * 1500
+    history = [
+        {"role": "user", "content": "call it"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "f", "arguments": deep}}],
+        },
+        {"role": "tool", "tool_call_id": "call_1", "content": "done"},
+    ]
+    d = start_daemon(tmp_path / "home", Engine(n_ctx=4096))  # room for the 1500 brackets
+    try:
+        auth = {"Authorization": f"Bearer {d.state.token}"}
+        r = httpx.post(d.url + CHAT, json={"model": "m", "messages": history, "max_tokens": 4}, headers=auth)
+    finally:
+        d.stop()
+    assert r.status_code == 200, r.text[:300]
+    assert _json_or_text(deep) == deep

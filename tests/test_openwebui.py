@@ -284,6 +284,7 @@ class FakeOpenWebUI:
 
     def __init__(self):
         self.records: dict[str, dict] = {}
+        self.user_sees: set[str] | None = None  # the ids a user's key lists (None: all of them)
         self.requests: list[str] = []
         owner = self
 
@@ -310,7 +311,11 @@ class FakeOpenWebUI:
                     return self._send(200, r) if r else self._send(404, {"detail": "Not found"})
                 if path == "/api/v1/evaluations/feedbacks/user":
                     page = int(query.partition("=")[2] or 1)
-                    items = [{k: v for k, v in r.items() if k != "snapshot"} for r in owner.records.values()]
+                    items = [
+                        {k: v for k, v in r.items() if k != "snapshot"}
+                        for i, r in owner.records.items()
+                        if owner.user_sees is None or i in owner.user_sees
+                    ]
                     return self._send(200, {"items": items[(page - 1) * 30 : page * 30], "total": len(items)})
                 return self._send(404, {"detail": "Not found"})
 
@@ -378,6 +383,35 @@ def test_the_connector_pulls_new_changed_and_removed_ratings(md, http, owui, key
     assert status["url"] == owui.url and status["last_error"] is None and status["outcomes"] == {"attached": 1}
 
 
+def test_a_pull_removes_only_what_its_own_listing_used_to_show(md, http, owui):
+    """An imported rating, or one pulled with an admin's key, is not "removed" by a listing that
+    never showed it (a user's key sees only that user's ratings; an import is in no listing)."""
+    a, _ = say(md, http, QUESTION, **owui_headers("chat-a", "msg-a"))
+    b, _ = say(md, http, "What color is grass?", **owui_headers("chat-b", "msg-b"))
+    r = http.post(md.url + "/clawd/feedback", json=[record("msg-a", -1, fid="fb-imported", comment="say blue")])
+    assert r.status_code == 200, r.text
+    owui.records["fb-b"] = record("msg-b", 1, fid="fb-b", updated_at=100, chat_id="chat-b")
+    connect(md, owui.url, FakeOpenWebUI.ADMIN)
+    assert pull(md, http) == {"attached": 1}  # the imported rating is in no listing: kept
+    assert feedback_rows(md, a) == [("down", None, "fb-imported"), ("correction", "say blue", "fb-imported")]
+
+    owui.user_sees = set()  # this user rated nothing: their listing is empty
+    connect(md, owui.url, FakeOpenWebUI.USER)
+    assert pull(md, http) == {}  # the admin's listing showed fb-b; the user's never did
+    assert feedback_rows(md, b) == [("up", None, "fb-b")]
+
+    connect(md, owui.url, FakeOpenWebUI.ADMIN)
+    del owui.records["fb-b"]
+    assert pull(md, http) == {"removed": 1}  # gone from the listing that showed it
+    assert feedback_rows(md, b) == [] and len(feedback_rows(md, a)) == 2
+
+
+def test_a_url_that_is_no_url_is_a_502_saying_so(md, http):
+    connect(md, "http://[::1", FakeOpenWebUI.ADMIN)
+    err = upstream_error(http.post(md.url + "/clawd/openwebui/pull"))
+    assert "is not a URL" in err["message"]
+
+
 def upstream_error(r: httpx.Response) -> dict:
     assert r.status_code == 502, r.text
     err = r.json()["error"]
@@ -399,7 +433,7 @@ def test_the_connector_says_why_it_cannot_pull(md, http, owui, monkeypatch, caps
     assert "cannot reach Open WebUI" in upstream_error(http.post(md.url + "/clawd/openwebui/pull"))["message"]
 
 
-def test_the_daemon_pulls_on_its_own_schedule(md, http, owui):
+def test_the_daemon_pulls_at_once_when_its_settings_change(md, http, owui):
     tid, _ = say(md, http, QUESTION, **owui_headers("chat-a", "msg-a"))
     owui.records["fb-a"] = record("msg-a", -1, fid="fb-a", updated_at=100)
     md.state.openwebui.settings = OpenWebUISettings(url=owui.url, api_key=FakeOpenWebUI.ADMIN, poll_s=1.0)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 import time
 from dataclasses import asdict, dataclass, field
@@ -63,9 +64,15 @@ class OpenWebUIClient:
 
     def __init__(self, url: str, api_key: str, transport: httpx.AsyncBaseTransport | None = None):
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self.http = httpx.AsyncClient(
-            base_url=url.rstrip("/"), headers=headers, timeout=TIMEOUT_S, transport=transport, trust_env=False
-        )
+        try:
+            self.http = httpx.AsyncClient(
+                base_url=url.rstrip("/"), headers=headers, timeout=TIMEOUT_S, transport=transport, trust_env=False
+            )
+        except httpx.InvalidURL as e:
+            raise PullError(f"openwebui.url {url!r} is not a URL ({e}): fix it in config.toml") from e
+        self._url, self._key_digest = url.rstrip("/"), hashlib.sha256(api_key.encode()).hexdigest()[:16]
+        # Whose ratings the last listing showed: all (an admin's key) or one user's (set by listing()).
+        self.scope = f"{self._url} all"
 
     async def aclose(self) -> None:
         await self.http.aclose()
@@ -88,16 +95,18 @@ class OpenWebUIClient:
         """Every rating's id -> updated_at, and (with a user's key) the records themselves."""
         try:
             rows = await self._get(IDS_PATH)
+            self.scope = f"{self._url} all"
             return {r["id"]: r.get("updated_at") for r in _records(rows)}, None
         except PermissionError:
             pass  # not an admin: the user's own ratings
+        self.scope = f"{self._url} user {self._key_digest}"
         records: list[dict] = []
         try:
             for page in range(1, MAX_PAGES + 1):
                 body = await self._get(USER_PATH, page=page)
                 items = _records(body.get("items") if isinstance(body, dict) else None)
                 records += items
-                if not items or len(records) >= int(body.get("total") or 0):
+                if not items or len(records) >= _count(body.get("total")):
                     break
         except PermissionError as e:
             raise PullError(
@@ -116,6 +125,13 @@ class OpenWebUIClient:
                 return None  # deleted since it was listed: the next pull removes it
             raise
         return body if isinstance(body, dict) else None
+
+
+def _count(total: Any) -> int:
+    try:
+        return int(total or 0)
+    except (TypeError, ValueError) as e:
+        raise PullError(f"Open WebUI's feedback listing has a total of {total!r}: is openwebui.url Open WebUI?") from e
 
 
 def _records(rows: Any) -> list[dict]:
@@ -144,8 +160,12 @@ async def pull(db: Database, client: OpenWebUIClient, reopen: ingest.Reopen | No
             continue
         applied = await ingest.apply_record(db, record, reopen=reopen)
         count(applied.outcome)
-    for fid in known.keys() - listed.keys():
+    # Removed: what this same listing (url and key's reach) showed before and shows no longer.
+    # Ratings imported from a file, posted, or pulled from another instance or a wider key are
+    # not this listing's to remove.
+    for fid in await feedback_rows.pulled_ids(db, ingest.SOURCE, client.scope) - listed.keys():
         count((await ingest.remove(db, fid, reopen=reopen)).outcome)
+    await feedback_rows.mark_pulled(db, ingest.SOURCE, list(listed), client.scope)
     return counts
 
 
@@ -180,15 +200,17 @@ class FeedbackSync:
         if not s.url:
             return {}
         started = time.time()
-        client = OpenWebUIClient(s.url, s.api_key)
+        client = None
         try:
+            client = OpenWebUIClient(s.url, s.api_key)
             counts = await pull(self.db, client, self.reopen, self._since)
         except PullError as e:
             self.status.last_error = str(e)
             log.warning("Open WebUI feedback not pulled: %s", e)
             raise
         finally:
-            await client.aclose()
+            if client is not None:
+                await client.aclose()
         self._since = started
         self.status.last_pull_at, self.status.last_error, self.status.last = time.time(), None, counts
         self.status.outcomes = await feedback_rows.external_counts(self.db, ingest.SOURCE)

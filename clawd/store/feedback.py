@@ -152,6 +152,22 @@ async def remove_external(db: Database, source: str, external_id: str) -> set[st
     return {r[0] for r in old}
 
 
+async def mark_pulled(db: Database, source: str, external_ids: list[str], scope: str) -> None:
+    """These ratings were in the listing of `scope` (a url and a key's reach)."""
+    async with db.transaction():
+        await db.conn.executemany(
+            "UPDATE external_feedback SET pulled_from = ? WHERE source = ? AND external_id = ?",
+            [(scope, source, i) for i in external_ids],
+        )
+
+
+async def pulled_ids(db: Database, source: str, scope: str) -> set[str]:
+    rows = await db.conn.execute_fetchall(
+        "SELECT external_id FROM external_feedback WHERE source = ? AND pulled_from = ?", (source, scope)
+    )
+    return {r[0] for r in rows}
+
+
 async def external_counts(db: Database, source: str) -> dict[str, int]:
     rows = await db.conn.execute_fetchall(
         "SELECT outcome, COUNT(*) FROM external_feedback WHERE source = ? GROUP BY outcome", (source,)

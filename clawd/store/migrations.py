@@ -220,6 +220,13 @@ def m006_client_ids_and_external_feedback(conn: sqlite3.Connection) -> None:
     )
 
 
+def m007_external_feedback_pulled_from(conn: sqlite3.Connection) -> None:
+    # Which Open WebUI listing (its url and the key's scope) last showed a rating: a pull removes
+    # only ratings its own listing used to show. An imported or posted rating (NULL), or one from
+    # another instance or a key that sees less (a user's own ratings), is never taken for deleted.
+    conn.execute("ALTER TABLE external_feedback ADD COLUMN pulled_from TEXT")
+
+
 # Append only. The number in each name is its id and must equal its 1-based position.
 MIGRATIONS: list[Migration] = [
     m001_initial,
@@ -228,6 +235,7 @@ MIGRATIONS: list[Migration] = [
     m004_turn_tool_calls,
     m005_turn_boundary_and_client,
     m006_client_ids_and_external_feedback,
+    m007_external_feedback_pulled_from,
 ]
 
 _NAME = re.compile(r"^m(\d{3})_\w+$")
