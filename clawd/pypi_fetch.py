@@ -95,6 +95,9 @@ def resolve_wheel(client: httpx.Client, base: str, package: str, version: str) -
         sha = w["digests"]["sha256"].lower()
         if not re.fullmatch(r"[0-9a-f]{64}", sha):
             raise ValueError(f"bad sha256 {sha!r}")
+        if not re.fullmatch(r"[\w.+-]+\.whl", w["filename"]) or w["filename"].startswith("."):
+            # the name becomes a file in the downloads folder: no separators, no `..`
+            raise ValueError(f"bad wheel file name {w['filename']!r}")
         return WheelFile(package, version, w["filename"], urljoin(url, w["url"]), w.get("size"), sha)
     except (ValueError, KeyError, TypeError, IndexError, AttributeError) as e:
         raise ClawdError(

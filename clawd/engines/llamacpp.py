@@ -302,6 +302,8 @@ class Engine(base.Engine):
                 self._drop_slot(slot)
                 keep = 0
         del self._cached[keep:]
+        if keep == 0:
+            self._floors[slot] = 0  # an empty slot holds no restored window state any more
         if losing and self._swa and keep >= _PARK_MIN_TOKENS:
             # Two prompts parted here: what they share (an agent's system prompt and tools)
             # is the prefix the next session will want, and an SWA state of the longer one
