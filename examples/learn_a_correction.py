@@ -6,7 +6,8 @@ What happens, all on this machine, through clawd's HTTP API:
 1. `clawd serve` starts on a private CLAWD_HOME (a temp dir unless --home), with the rules
    judge (fast and deterministic: the user's own correction sentence becomes the hint).
 2. For eight countries we ask "What is the capital of X?", and answer the model's reply with
-   a correction: "No, just the name please: <city>." A few replies also get a thumbs-down.
+   a correction: "No, just the name please: <city>." (a reply that is already just the name
+   gets "Perfect, thanks."). A few corrected replies also get a thumbs-down.
 3. The miner turns each (reply, correction) pair into a signal: reward −1 and the hint.
 4. Before training we measure, on held-out countries never used in training, the log-prob
    margin  log p(" <city>.") − log p(" The capital of <country> is <city>.")  — how much the
@@ -14,7 +15,9 @@ What happens, all on this machine, through clawd's HTTP API:
 5. `POST /clawd/training` runs the trainer (progress shown); its adapter must pass the eval
    gate and the live check to become active. The margin is measured again, and the greedy
    answer to a held-out question is shown before and after (every held-out answer must still
-   end where it ended before, with no template text: the gate's turn-end check).
+   end where it ended before, with no template text: the gate's turn-end check). The gate's QA
+   canary is shown too: it measures the factual accuracy this lesson costs the 270M base, but
+   does not refuse the adapter in the demo (see DEMO_SETTINGS).
 6. Rollback: the margin returns to exactly its value before training.
 The last line with --json is every number, for tests (tests/test_learning_demo.py).
 """
@@ -24,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -50,10 +54,20 @@ HELD_OUT = [("Spain", "Madrid"), ("Japan", "Tokyo"), ("Peru", "Lima")]
 # A demo should show an effect within one short run: a few small steps, training right after
 # the corrections, judged by the rules judge (the default "self" judge is slower). The learning
 # rate is clawd's default (1e-4), written out so the demo shows what it ran with.
+# The QA canary measures, but does not refuse here: on the 270M base, answering with the bare
+# name costs factual accuracy (the sentence "The capital of Hungary is ..." carries the fact).
+# Measured on 2 cores: every adapter of this lesson lost 8 or more of the 50 QA questions
+# (2 steps or 4, lr 5e-5 or 1e-4, RL only or mostly OPD), and the default gate
+# (training.qa_max_drop = 2 points) refuses it. The demo shows the loss and lets it through,
+# to show the rest of the loop; your daemon keeps the default.
 DEMO_SETTINGS = {
     "CLAWD_TRAINING_AUTO": "0",
     "CLAWD_TRAINING_LEARNING_RATE": "1e-4",
     "CLAWD_TRAINING_BATCH_SIZE": "4",
+    "CLAWD_TRAINING_QA_MAX_DROP": "100",
+    # One pass per batch (2 steps, not 4): KL to base 0.08 instead of 0.32, QA 84% instead of
+    # 70%, and the held-out answer "It is Madrid." instead of "I don't know." (measured).
+    "CLAWD_TRAINING_EPOCHS": "1",
     "CLAWD_MINING_JUDGE": "rules",
     "CLAWD_MINING_HINT_JUDGE": "rules",
     "CLAWD_MINING_QUIET_S": "0",
@@ -116,19 +130,27 @@ def margin(c: httpx.Client, adapter: str = "active") -> float:
     return sum(out) / len(out)
 
 
+def just_the_name(reply: str, city: str) -> bool:
+    return re.findall(r"[\w'-]+", reply.lower()) == city.lower().split()
+
+
 def teach(c: httpx.Client, quiet: bool) -> None:
+    """The user wants the bare name: a reply that is just the name gets thanks (+1), any other
+    reply a correction (−1 and the hint). Correcting a reply that was already right would teach
+    the model to avoid right answers (the eval gate's QA canary refuses such an adapter)."""
     for i, (country, city) in enumerate(TRAIN):
         first = ask(c, question(country), temperature=0.7, seed=i)
         reply = first["choices"][0]["message"]["content"]
-        correction = f"No, just the name please: {city}."
-        say(quiet, f"  Q: capital of {country}?  A: {reply.strip()[:60]!r}  user: {correction!r}")
+        right = just_the_name(reply, city)
+        answer = "Perfect, thanks." if right else f"No, just the name please: {city}."
+        say(quiet, f"  Q: capital of {country}?  A: {reply.strip()[:60]!r}  user: {answer!r}")
         ask(
             c,
-            question(country) + [{"role": "assistant", "content": reply}, {"role": "user", "content": correction}],
+            question(country) + [{"role": "assistant", "content": reply}, {"role": "user", "content": answer}],
             temperature=0.7,
             seed=100 + i,
         )
-        if i % 3 == 0:
+        if i % 3 == 0 and not right:
             c.post("/clawd/feedback", json={"turn_id": first["id"], "rating": -1}).raise_for_status()
 
 
@@ -205,6 +227,8 @@ def main() -> int:
             result["training"] = st["result"]
             if not (st["result"] or {}).get("promoted"):
                 say(quiet, f"   not promoted: {st['result']}")
+                if a.json:  # the caller (a test) sees why
+                    print(json.dumps(result))
                 return 1
             gate = st["result"]["gate"]
             say(
@@ -212,6 +236,14 @@ def main() -> int:
                 f"4. adapter {st['result']['adapter_id']} passed the gate (gain {gate['gain']:+.4f} on "
                 f"{gate['n']} {gate['judged_on']} signals, KL to base {gate['kl_to_base']:.4f}) and is live",
             )
+            qa = gate.get("qa")
+            if qa:
+                lost = ", ".join(repr(q["answer"].strip()) for q in qa["lost"][:4])
+                say(
+                    quiet,
+                    f"   QA canary: {qa['accuracy']:.0%} right (parent {qa['accuracy_parent']:.0%}); "
+                    f"the default gate refuses a loss over 2 points{': lost ' + lost if lost else ''}",
+                )
             result["margin_after"] = margin(c)
             result["held_out_after"] = held_out_answers(c)
             result["answer_after"] = result["held_out_after"][0]["answer"].strip()

@@ -29,6 +29,10 @@ def test_demo_learns_the_correction_and_rolls_back_exactly(tmp_path):
     r = json.loads(proc.stdout.strip().splitlines()[-1])
     assert r["signals"]["ready"] >= 8
     assert r["training"]["promoted"] and r["training"]["gate"]["passed"], r["training"]
+    # The QA canary ran on the whole set under both parent and candidate (the demo lets its
+    # loss through, DEMO_SETTINGS says why; the parent is the embedded base, right on all 50).
+    qa = r["training"]["gate"]["qa"]
+    assert qa["n"] == len(qa["right"]) == len(qa["right_parent"]) == 50 and qa["accuracy_parent"] == 1.0, qa
     # It went live verified (llama.cpp's log-prob shifts track the trainer's), and rollback kept it.
     adapter = r["adapter"]
     assert adapter["gate"]["live_check"]["corr"] > 0.5 and adapter["status"] == "retired", adapter

@@ -222,8 +222,22 @@ def test_sigkill_trainer_leaves_no_adapter_and_active_unchanged(train_daemon, ph
 def test_stop_at_checkpoint_then_resume(train_daemon):
     d = train_daemon
     make_ready_signals(d, 4)
+    # A tiny run's steps take milliseconds: polling the status can miss the whole train phase.
+    # So the trainer is held (SIGSTOP) the moment its first step reaches the daemon, and the
+    # stop request goes in through the API while it is held (the stop sends SIGCONT first).
+    sched = d.state.scheduler
+    seen, first_step = sched._event, threading.Event()
+
+    def hold_at_first_step(line: bytes) -> dict:
+        event = seen(line)
+        if event.get("event") == "step" and sched._proc is not None and not first_step.is_set():
+            os.kill(sched._proc.pid, signal.SIGSTOP)
+            first_step.set()
+        return event
+
+    sched._event = hold_at_first_step
     first = training(d, "POST")["job_id"]
-    wait_for(d, lambda s: s["phase"] == "train" and s["step"] >= 1)
+    assert first_step.wait(240), training(d)
     training(d, "POST", "/clawd/training/stop")
     st = wait_run(d)
     assert st["result"]["resumable"] and st["result"]["job_id"] == first
