@@ -136,8 +136,8 @@ def just_the_name(reply: str, city: str) -> bool:
 
 def teach(c: httpx.Client, quiet: bool) -> None:
     """The user wants the bare name: a reply that is just the name gets thanks (+1), any other
-    reply a correction (−1 and the hint). Correcting a reply that was already right would teach
-    the model to avoid right answers (the eval gate's QA canary refuses such an adapter)."""
+    reply a correction (−1 and the hint): a reply that already did what the user asked must not
+    be punished, as a real user would not correct it."""
     for i, (country, city) in enumerate(TRAIN):
         first = ask(c, question(country), temperature=0.7, seed=i)
         reply = first["choices"][0]["message"]["content"]
