@@ -10,7 +10,9 @@ model must fetch. Two models per client:
   its tool call parses with valid arguments, the tool result goes back, and the run ends;
 - an instruction-tuned GGUF from `CLAWD_TEST_INSTRUCT_GGUF` (Qwen2.5-Coder-0.5B-Instruct
   Q4_K_M was measured) with `tool_choice: auto`: the model decides to call the tool and
-  reports the secret. Skipped, with the reason, when the variable names no file.
+  reports the secret. Skipped, with the reason, when the variable names no file;
+- for smolagents' whole task (fetch, then final_answer), `CLAWD_TEST_AGENT_GGUF`: the 0.5B
+  never gives its final answer, Qwen2.5-Coder-1.5B-Instruct does.
 
 Each test also reads what clawd logged: the turn that called the tool keeps its calls, and
 the request that carried the tool result is mined as that turn's next state.
@@ -44,6 +46,7 @@ NAMES = ("vault", "attic")
 KEY_SCHEMA = {"type": "object", "properties": {"name": {"enum": list(NAMES)}}, "required": ["name"]}
 MINING = {"CLAWD_MINING_ENABLED": 1, "CLAWD_MINING_JUDGE": "rules", "CLAWD_MINING_HINT_JUDGE": "rules"}
 INSTRUCT_ENV = "CLAWD_TEST_INSTRUCT_GGUF"
+AGENT_ENV = "CLAWD_TEST_AGENT_GGUF"  # `clawd models pull qwen2.5-coder-1.5b-instruct` gives one
 
 
 def instruct_gguf() -> Path:
@@ -74,6 +77,20 @@ def daemon_on(home: Path, path: Path, n_ctx: int, model_id: str):
 @pytest.fixture
 def tiny_daemon(clawd_home, qwen_gguf):
     d = daemon_on(clawd_home, qwen_gguf, 8192, "tiny-qwen")
+    yield d
+    d.stop()
+
+
+def agent_gguf() -> Path:
+    path = os.environ.get(AGENT_ENV)
+    if not path or not Path(path).is_file():
+        pytest.skip(f"{AGENT_ENV} names no GGUF file (an instruct model that finishes agent tasks: Qwen2.5-Coder-1.5B-Instruct)")
+    return Path(path)
+
+
+@pytest.fixture
+def agent_daemon(clawd_home):
+    d = daemon_on(clawd_home, agent_gguf(), 8192, "agent")
     yield d
     d.stop()
 
@@ -231,6 +248,27 @@ def test_smolagents_auto_tool_call_on_an_instruct_model(instruct_daemon):
     # tool_calls, and then the log is checked as for the Agents SDK.
     if any(t.tool_calls for t in logged):
         check_the_log(d, calls, "user")
+
+
+@pytest.mark.timeout(1800)
+def test_smolagents_completes_the_task_with_its_default_tool_choice(agent_daemon):
+    """smolagents asks for `tool_choice: required` unless told otherwise: clawd then generates
+    under the grammar of "one of the tools", final_answer included, so every step is a valid
+    call. The model fetches the secret, then hands it over through final_answer.
+
+    One call per step (`parallel_tool_calls: false`, passed through OpenAIServerModel's kwargs):
+    allowed several, Qwen2.5-Coder-1.5B wrote get_secret and a guessed final_answer in one
+    step, which smolagents refuses, every step. The 0.5B calls get_secret at every step and
+    never final_answer, hence a model of its own for this test (README, "Agent clients")."""
+    d = agent_daemon
+    answer, calls, agent = smolagents_run(
+        d, [], max_steps=4, max_tokens=200, temperature=0.0, parallel_tool_calls=False
+    )
+    assert calls and calls[0] == {"name": "vault"}, calls
+    assert SECRET in str(answer), answer
+    check_the_log(d, calls, "user")
+    final = logged_turns(d)[-1]
+    assert final.tool_calls[0]["function"]["name"] == "final_answer"
 
 
 # ---- OpenClaw ----------------------------------------------------------------------------------------
