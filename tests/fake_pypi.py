@@ -101,7 +101,9 @@ class FakePyPI:
             if "application/vnd.pypi.simple.v1+json" in (req.headers.get("Accept") or "") and not self.html_only:
                 body = json.dumps({"meta": {"api-version": "1.1"}, "name": m.group(1), "files": files}).encode()
                 return self._send(req, 200, body, "application/vnd.pypi.simple.v1+json")
-            anchors = "".join(f'<a href="{f["url"]}#sha256={f["hashes"]["sha256"]}">{f["filename"]}</a><br/>\n' for f in files)
+            anchors = "".join(
+                f'<a href="{f["url"]}#sha256={f["hashes"]["sha256"]}">{f["filename"]}</a><br/>\n' for f in files
+            )
             return self._send(req, 200, f"<!DOCTYPE html><html><body>{anchors}</body></html>".encode(), "text/html")
         m = _FILE.match(path)
         if not m or not (self.folder / m.group(1)).is_file():

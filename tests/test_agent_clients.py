@@ -84,7 +84,9 @@ def tiny_daemon(clawd_home, qwen_gguf):
 def agent_gguf() -> Path:
     path = os.environ.get(AGENT_ENV)
     if not path or not Path(path).is_file():
-        pytest.skip(f"{AGENT_ENV} names no GGUF file (an instruct model that finishes agent tasks: Qwen2.5-Coder-1.5B-Instruct)")
+        pytest.skip(
+            f"{AGENT_ENV} names no GGUF file (an instruct model that finishes agent tasks: Qwen2.5-Coder-1.5B-Instruct)"
+        )
     return Path(path)
 
 

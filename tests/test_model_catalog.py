@@ -299,7 +299,9 @@ def test_the_shipped_catalog_pins_the_three_models():
 def test_the_index_url_comes_from_clawd_then_pips_index_then_pypi():
     assert pypi_fetch.index_url({}) == "https://pypi.org/simple"
     assert pypi_fetch.index_url({"PIP_INDEX_URL": "https://m.example/pypi/simple/"}) == "https://m.example/pypi/simple"
-    assert pypi_fetch.index_url({"PIP_INDEX_URL": "https://m.example/devpi/+simple"}) == "https://m.example/devpi/+simple"
+    assert (
+        pypi_fetch.index_url({"PIP_INDEX_URL": "https://m.example/devpi/+simple"}) == "https://m.example/devpi/+simple"
+    )
     both = {"PIP_INDEX_URL": "https://m.example/simple", "CLAWD_PYPI_URL": "http://127.0.0.1:9/"}
     assert pypi_fetch.index_url(both) == "http://127.0.0.1:9/simple"  # a root gets /simple
     assert pypi_fetch.index_url({"CLAWD_PYPI_URL": "https://m.example/root/pypi/+simple/"}).endswith("/+simple")
