@@ -9,25 +9,24 @@ WORKERS ?= 2  # pytest-xdist workers for test-fast (CI's `make test` stays seria
 
 # llama.cpp's native build uses every instruction the CPU reports. Some containers forbid AMX
 # although the CPU reports it, and the daemon then dies with "Illegal instruction" at its first
-# reply (seen on this project's CI). AMX only speeds up prompt batches on recent Xeons, so x86_64
-# builds leave it out and stay native otherwise. A CMAKE_ARGS of your own (CUDA, Metal) is kept.
+# reply (seen on this project's CI). AMX only speeds up prompt batches on recent Xeons, so where
+# the CPU has it the build leaves it out and stays native otherwise. Through CFLAGS, so that a
+# CMAKE_ARGS of your own (CUDA, Metal) passes through untouched.
 LLAMA_VERSION := $(shell sed -n 's/.*"llama-cpp-python==\([^"]*\)".*/\1/p' pyproject.toml)
-ifeq ($(shell uname -m),x86_64)
-NO_AMX := -mno-amx-tile -mno-amx-int8 -mno-amx-bf16
-LLAMA_CMAKE_ARGS := -DCMAKE_C_FLAGS='$(NO_AMX)' -DCMAKE_CXX_FLAGS='$(NO_AMX)'
-endif
-LLAMA_CMAKE_ARGS += $(CMAKE_ARGS)
-# pip's cache keys a built wheel by its source, not by the flags it was built with, so it could
-# hand back a wheel built with AMX: ours lives in a folder named after the flags instead.
-LLAMA_WHEELS := $(HOME)/.cache/clawd/wheels/llama-cpp-python-$(LLAMA_VERSION)-$(shell echo "$(LLAMA_CMAKE_ARGS)" | cksum | cut -d' ' -f1)
+NO_AMX := $(if $(shell grep -qs amx_tile /proc/cpuinfo && echo y),-mno-amx-tile -mno-amx-int8 -mno-amx-bf16)
+# pip's cache keys a built wheel by its source only, so it could hand back one built with AMX or
+# for another CPU (a shared home): ours lives in a folder named after the flags and the CPU.
+LLAMA_KEY := $(shell { printf '%s|%s|' "$$CMAKE_ARGS" "$(NO_AMX)"; grep -m1 -s '^flags' /proc/cpuinfo || sysctl -n machdep.cpu.brand_string; } 2>/dev/null | cksum | cut -d' ' -f1)
+LLAMA_WHEELS := $(HOME)/.cache/clawd/wheels/llama-cpp-python-$(LLAMA_VERSION)-$(LLAMA_KEY)
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	ls $(LLAMA_WHEELS)/llama_cpp_python-*.whl >/dev/null 2>&1 || \
-	  CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(PY) -m pip wheel --quiet --no-deps --no-cache-dir \
-	    --wheel-dir $(LLAMA_WHEELS) llama-cpp-python==$(LLAMA_VERSION)
-	$(PY) -m pip install --quiet --find-links $(LLAMA_WHEELS) -e ".[test]"
+	ls $(LLAMA_WHEELS)/llama_cpp_python-*.whl >/dev/null 2>&1 || { rm -rf $(LLAMA_WHEELS).part && \
+	  CFLAGS="$(NO_AMX) $$CFLAGS" CXXFLAGS="$(NO_AMX) $$CXXFLAGS" $(PY) -m pip wheel --quiet --no-deps \
+	    --no-cache-dir --wheel-dir $(LLAMA_WHEELS).part llama-cpp-python==$(LLAMA_VERSION) && \
+	  rm -rf $(LLAMA_WHEELS) && mv $(LLAMA_WHEELS).part $(LLAMA_WHEELS); }
+	$(PY) -m pip install --quiet --find-links $(LLAMA_WHEELS) --only-binary llama-cpp-python -e ".[test]"
 	touch $(STAMP)
 
 serve: $(STAMP)  ## run the daemon on the embedded Gemma 3 270M model
