@@ -1,9 +1,9 @@
 """Judges: a turn (request, response, next state) in, an evaluative score and hints out.
 
 Boundary: this module turns text into signals (METHOD.md §2-3) — the judge's types, judge
-prompts, vote parsing (`\\boxed{}`), majority and the LLM judge. It never touches the
-database and never decides *which* turn to judge or what to do with the result: that is
-the miner's job.
+prompts, vote parsing (`\\boxed{}`, or a vote written plainly), majority and the LLM judge.
+It never touches the database and never decides *which* turn to judge or what to do with the
+result: that is the miner's job.
 
 Judges, fastest first:
 - `RulesJudge` (clawd/judge_rules.py): English patterns for corrections, thanks and tool
@@ -79,6 +79,31 @@ def parse_boxed(text: str) -> int | None:
     return int(m.group(1)) if m and "{" not in inner else None
 
 
+# A vote written without \boxed: instruct models asked for \boxed{1} mostly answer a bare "1"
+# (19 of 102 votes of Qwen2.5-Coder-1.5B were boxed). Only unmistakable forms count: the first
+# or the last line is the vote alone (markdown and a full stop around it are fine), or the last
+# line ends with one that it names ("Score: 1", "The final answer is -1.").
+_BARE_VOTE = re.compile(r"[\s*`$(\[]*(\+?1|-1|0)[\s*`$)\].]*")
+_NAMED_VOTE = re.compile(r"\b(?:answer|score|verdict|vote|rating)\b[^\n\d+-]{0,16}?(\+?1|-1|0)[\s*`$)\].]*$", re.I)
+
+
+def parse_vote(text: str) -> int | None:
+    """A judge answer's vote: its last \\boxed{} when it wrote one (a broken box stays None:
+    the judge tried the format and failed), else a vote written plainly (see _BARE_VOTE)."""
+    text = text or ""
+    if _BOXED.search(text):
+        return parse_boxed(text)
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    if not lines:
+        return None
+    for candidate in (lines[0], lines[-1]):
+        m = _BARE_VOTE.fullmatch(candidate)
+        if m:
+            return int(m.group(1))
+    m = _NAMED_VOTE.search(lines[-1])
+    return int(m.group(1)) if m else None
+
+
 _CLOSED_VOTE = re.compile(r"\\boxed\s*\{\s*(\+?1|-1|0)\s*\}")
 # What may sit between the boxes of a restated answer format: "\boxed{1}, \boxed{-1} or \boxed{0}"
 _LISTING = re.compile(r"^[\s,;/]*(or|and)?[\s,;/]*$")
@@ -111,9 +136,9 @@ def majority(votes: list[int | None]) -> int:
 
 
 def parse_hint(text: str) -> str | None:
-    """The hint of a hint-judge answer: needs the last \\boxed to be 1 and text between
+    """The hint of a hint-judge answer: needs its vote (parse_vote) to be 1 and text between
     [HINT_START] and [HINT_END] (the last such pair); stripped, None if empty."""
-    if parse_boxed(text) != 1:
+    if parse_vote(text) != 1:
         return None
     hints = _HINT.findall(text)
     if not hints:
@@ -280,14 +305,14 @@ class LLMJudge:
         self.max_tokens = max_tokens
 
     async def evaluate(self, inp: JudgeInput) -> Verdict:
-        """m votes with distinct seeds, each parsed from its last \\boxed{}; majority.
+        """m votes with distinct seeds, each parsed by parse_vote; majority.
 
         Raises JudgeUnavailable when the backend fails; asyncio.CancelledError and
         Preempted pass through unchanged."""
         messages = evaluative_messages(inp)
         # One vote at a time: the served model runs one call at a time anyway, and the
         # miner can preempt between votes when a user request arrives.
-        votes = [parse_boxed(await self._complete(messages, seed)) for seed in _seeds(messages, self.votes)]
+        votes = [parse_vote(await self._complete(messages, seed)) for seed in _seeds(messages, self.votes)]
         return Verdict(majority(votes), votes, self.completer.source)
 
     async def hints(self, inp: JudgeInput, *, votes: int = 1) -> list[str]:

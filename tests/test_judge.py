@@ -26,6 +26,7 @@ from clawd.judge import (
     majority,
     parse_boxed,
     parse_hint,
+    parse_vote,
 )
 from clawd.judge_completers import OpenAICompleter, ServedModelCompleter, completer_for
 from clawd.protocol import Message
@@ -65,6 +66,47 @@ def test_parse_boxed(text, expected):
     assert parse_boxed(text) == expected
 
 
+# Votes written without \boxed, as instruct models answer (Qwen2.5-Coder: mostly a bare "1").
+PLAIN = [
+    ("1", 1),
+    ("-1", -1),
+    ("0", 0),
+    ("+1", 1),
+    (" **1** ", 1),
+    ("1.", 1),
+    ("`-1`", -1),
+    ("$1$", 1),
+    ("(1)", 1),
+    ("-1\n\nThe user corrected the answer.", -1),  # the vote first, then why
+    ("The user corrected the answer.\n-1", -1),  # why, then the vote
+    ("Score: 1", 1),
+    ("The final answer is -1.", -1),
+    ("**Verdict:** 0", 0),
+    ("The user thanked the assistant.\nScore: 1", 1),
+    ("The answer is 1 of 3 options", None),  # a number inside a sentence is no vote
+    ("1. The response is right\n2. But it is long", None),  # a numbered list
+    ("The user asked 1 question", None),
+    ("Rating: 1/5", None),
+    ("score of 0.5", None),
+    ("10", None),
+    ("2", None),
+    ("yes", None),
+    ("", None),
+    ("1 \\boxed{yes}", None),  # a box was written: it decides, even when broken
+]
+
+
+@pytest.mark.parametrize("text,expected", PLAIN, ids=[repr(t[0][-30:]) for t in PLAIN])
+def test_parse_vote_reads_plain_votes_and_otherwise_the_box(text, expected):
+    assert parse_vote(text) == expected
+
+
+@pytest.mark.parametrize("text,expected", BOXED, ids=[repr(t[0][-30:]) for t in BOXED])
+def test_parse_vote_agrees_with_parse_boxed_wherever_a_box_is_written(text, expected):
+    if "boxed" in text:
+        assert parse_vote(text) == expected
+
+
 MAJORITY = [
     ([1, 1, -1], 1),
     ([-1, -1, 1], -1),
@@ -99,6 +141,7 @@ HINTS = [
     ("[HINT_START]Use Canberra.[HINT_END] \\boxed{-1}", None),  # boxed -1: no hint
     ("[HINT_START]Use Canberra.[HINT_END] \\boxed{0}", None),
     ("[HINT_START]Use Canberra.[HINT_END]", None),  # no boxed at all
+    ("[HINT_START]Use Canberra.[HINT_END]\n1", "Use Canberra."),  # the vote written plainly
     ("[HINT_START]Use Canberra.[HINT_END] \\boxed{yes}", None),
     ("The user corrects the city. \\boxed{1}", None),  # no hint text
     ("[HINT_START]   [HINT_END] \\boxed{1}", None),  # empty hint
@@ -238,6 +281,8 @@ VERDICTS = [
     (["\\boxed{1}", "no idea", "\\boxed{2}"], 1, [1, None, None]),
     (["\\boxed{1}", "\\boxed{-1}", "garbage"], 0, [1, -1, None]),
     (["", "", ""], 0, [None, None, None]),
+    (["1", "-1", "-1"], -1, [1, -1, -1]),  # bare votes count
+    (["Score: 1", "\\boxed{1}", "I am not sure."], 1, [1, 1, None]),
 ]
 
 
