@@ -120,16 +120,12 @@ def resolve_wheel(client: httpx.Client, index: str, package: str, version: str) 
 
 
 def _is_wheel_of(filename: str, package: str, version: str) -> bool:
+    """Whether `filename` is a wheel of `package==version`, named as wheels are:
+    `{dist}-{version}[-{build}]-{python}-{abi}-{platform}.whl`."""
     parts = filename.split("-")
-    return (
-        filename.endswith(".whl")
-        and len(parts) >= 5
-        and (project_name(parts[0]), parts[1])
-        == (
-            project_name(package),
-            version,
-        )
-    )
+    if not filename.endswith(".whl") or len(parts) < 5:
+        return False
+    return project_name(parts[0]) == project_name(package) and parts[1] == version
 
 
 def _content_length(client: httpx.Client, url: str) -> int | None:

@@ -101,10 +101,12 @@ def test_parse_vote_reads_plain_votes_and_otherwise_the_box(text, expected):
     assert parse_vote(text) == expected
 
 
-@pytest.mark.parametrize("text,expected", BOXED, ids=[repr(t[0][-30:]) for t in BOXED])
+WRITTEN_BOXES = [case for case in BOXED if "\\boxed" in case[0]]
+
+
+@pytest.mark.parametrize("text,expected", WRITTEN_BOXES, ids=[repr(t[0][-30:]) for t in WRITTEN_BOXES])
 def test_parse_vote_agrees_with_parse_boxed_wherever_a_box_is_written(text, expected):
-    if "boxed" in text:
-        assert parse_vote(text) == expected
+    assert parse_vote(text) == expected
 
 
 MAJORITY = [
