@@ -298,7 +298,9 @@ def test_reply_without_leading_whitespace_tokens_kept(clawd_home):
     """A model that opens with whitespace (here two spaces, each its own token, so the first
     pieces are nothing but whitespace) is shown without it, streamed or not, in the turn rows
     the TUI reads and in the TUI's own stream; the stored tokens keep the spaces."""
-    d = daemon_with(clawd_home, FakeEngine(n_ctx=512, reply_prefix="  "))
+    # Greedy by default: the TUI's request names no temperature, and the fake engine samples at
+    # the default 0.7 (p 0.9 per intended token), which garbled its reply in about 1 run in 6.
+    d = start_daemon(clawd_home, FakeEngine(n_ctx=512, reply_prefix="  "), {"CLAWD_GENERATION_TEMPERATURE": 0})
     try:
         client = sdk(d)
         raw = client.chat.completions.with_raw_response.create(
