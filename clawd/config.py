@@ -175,10 +175,16 @@ class TrainingSettings:
     teacher: str = _f(
         "base",
         "Who scores the hinted answer for on-policy distillation in training: base (the "
-        "frozen base model + hint, METHOD.md §3) or policy (the active adapter, each run's "
-        "π_old, + hint: no pull back toward the base). The miner picks hints with the base "
-        "either way.",
-        choices=("base", "policy"),
+        "frozen base model + hint, METHOD.md §3), policy (the active adapter, each run's "
+        "π_old, + hint: no pull back toward the base) or model:NAME (another local GGUF with "
+        "the served model's vocabulary, a path or a name from `clawd models list`, e.g. "
+        "model:qwen2.5-coder-1.5b-instruct over the 0.5B; the trainer loads it for the run). "
+        "The miner picks hints with the base either way.",
+        check=lambda v: (
+            None
+            if v in ("base", "policy") or (v.startswith("model:") and v[6:].strip())
+            else "must be base, policy or model:NAME"
+        ),
     )
     opd_support: str = _f(
         "student",
@@ -345,6 +351,12 @@ def _convert(spec: _Spec, raw: object, where: str) -> object:
     else:  # pragma: no cover - a new field type needs a converter here
         raise TypeError(f"no converter for {spec.key}: {t!r}")
 
+    check = spec.meta.get("check")
+    if check is not None:
+        value = value.strip()
+        problem = check(value)
+        if problem:
+            raise bad(f"{problem}, got {raw!r}")
     choices = spec.meta.get("choices")
     if choices is not None:
         value = str(value).strip().lower()

@@ -35,6 +35,7 @@ from clawd.reload import ConfigWatcher
 from clawd.scheduler import Scheduler
 from clawd.served import ServedModel
 from clawd.store.db import Database
+from clawd.teacher_model import teacher_model_path
 from clawd.templates import choose_format
 from clawd.token import ensure_token
 from clawd.trainer_pid import end_stray, trainer_pid_file
@@ -120,6 +121,10 @@ async def build_state(settings: Settings, paths: Paths, engine: Engine, port: in
     else:
         training_off = f"the {engine.name} engine has no local weights to train (llamacpp and mlx have)"
     if training_off is None:
+        try:  # said now, not first at the night's run; serving does not need the teacher
+            teacher_model_path(settings.training.teacher, base, paths)
+        except ConfigError as e:
+            log.warning("training runs will be refused until this is fixed: %s", e.message)
         paths.adapters_dir.mkdir(parents=True, exist_ok=True)
         registry = Registry(db, model, paths.adapters_dir, info.path, cache_dir=paths.cache_dir)
         await registry.restore()
@@ -148,25 +153,6 @@ async def build_state(settings: Settings, paths: Paths, engine: Engine, port: in
 LIKELIHOOD = "likelihood:"
 
 
-def judge_model_path(text: str, paths: Paths | None) -> Path:
-    """The GGUF a "gguf:..." judge names: a path (relative ones from config.toml's folder, as
-    model.path), or the name of a GGUF in `clawd models list` (e.g. one added with
-    `clawd models add`). A bare name that no registry knows stays a path, so the error says
-    which file is missing."""
-    path = Path(text).expanduser()
-    if paths is not None and "/" not in text and path.suffix != ".gguf":
-        from clawd.model_registry import load_registry  # deferred: only named judge models need it
-
-        entry = load_registry(paths).get(text) or load_registry(paths).get(text.lower())
-        if entry is not None:
-            if entry.kind != "gguf":
-                raise ConfigError(f"judge model {text!r} is an MLX model; a local judge runs a GGUF with llama.cpp.")
-            return Path(entry.path)
-    if paths is not None and not path.is_absolute():
-        path = (paths.config_dir / path).resolve()
-    return path
-
-
 def build_judge(spec: str, settings: Settings, model: ServedModel, paths: Paths | None = None) -> LLMJudge | None:
     """A judge from its config spec (see MiningSettings.judge); "likelihood:SPEC" scores the
     verdict with SPEC's model (clawd.judge.LikelihoodJudge) instead of sampling votes. A
@@ -175,8 +161,9 @@ def build_judge(spec: str, settings: Settings, model: ServedModel, paths: Paths 
 
     def load_second_model(name: str) -> ServedModel:
         from clawd.engines.llamacpp import Engine
+        from clawd.model_registry import second_model_path  # deferred: only named judge models need it
 
-        path = judge_model_path(name, paths)
+        path = second_model_path(name, paths, role="judge")
         engine = Engine(path, n_ctx=settings.model.n_ctx, n_threads=settings.model.n_threads, model_id=path.stem)
         info = engine.info
         fmt = choose_format("auto", info.chat_template, info.bos_token, info.eos_token, info.add_bos)

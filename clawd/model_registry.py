@@ -26,7 +26,7 @@ from pathlib import Path
 
 from clawd.config import SPECS, Settings, env_var
 from clawd.config_edit import write_text_atomic
-from clawd.errors import ClawdError
+from clawd.errors import ClawdError, ConfigError
 from clawd.modelfile import SHARD, gguf_parts, gguf_value, read_gguf_header, read_model_config, reader_architecture
 from clawd.models import EMBEDDED_ID, EMBEDDED_SIZE, default_id, embedded_model_path, resolve_model
 from clawd.paths import Paths
@@ -300,6 +300,24 @@ def list_models(paths: Paths, settings: Settings) -> list[dict]:
             }
         )
     return rows
+
+
+def second_model_path(text: str, paths: Paths | None, role: str) -> Path:
+    """The GGUF a setting names for a second local model (a "gguf:..." judge, a "model:..."
+    teacher): a path (relative ones from config.toml's folder, as model.path), or the name of
+    a GGUF in `clawd models list` (e.g. one added with `clawd models add` or pulled). A bare
+    name that no registry knows stays a path, so the error says which file is missing."""
+    path = Path(text).expanduser()
+    if paths is not None and "/" not in text and path.suffix != ".gguf":
+        entries = load_registry(paths)
+        entry = entries.get(text) or entries.get(text.lower())
+        if entry is not None:
+            if entry.kind != "gguf":
+                raise ConfigError(f"{role} model {text!r} is an MLX model; a local {role} runs a GGUF.")
+            return Path(entry.path)
+    if paths is not None and not path.is_absolute():
+        path = (paths.config_dir / path).resolve()
+    return path
 
 
 def human_size(n: int | None) -> str:

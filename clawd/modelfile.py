@@ -10,10 +10,12 @@ asks here.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import mmap
 import re
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -101,13 +103,16 @@ class _Cursor:
         raise ValueError(f"unknown GGUF value type {vtype}")
 
 
-def read_gguf_header(path: Path, want: frozenset[str] | set[str] | None = None) -> dict[str, Any]:
+def read_gguf_header(
+    path: Path, want: frozenset[str] | set[str] | None = None, raw: Callable[[str, bytes], None] | None = None
+) -> dict[str, Any]:
     """A GGUF file's key/value metadata, read from its header only: it stops before the tensor
     infos, and arrays (the tokenizer's vocabulary, scores, merges) are skipped by length and
     come back as GGUFArray. Milliseconds on any model, where the gguf package's reader builds
     the whole vocabulary. With `want`, it stops as soon as it has read those keys (writers put
     general.* first, before the vocabulary). Raises OSError when the file cannot be opened,
-    ValueError when it is not a GGUF file or its header is damaged."""
+    ValueError when it is not a GGUF file or its header is damaged. `raw(key, bytes)` is handed
+    every value's bytes as stored, arrays included, without decoding them (gguf_vocabulary)."""
     with Path(path).open("rb") as f:
         if f.read(4) != b"GGUF":
             raise ValueError("bad magic: not a GGUF file")
@@ -131,10 +136,47 @@ def read_gguf_header(path: Path, want: frozenset[str] | set[str] | None = None) 
         out: dict[str, Any] = {}
         for _ in range(n_kv):
             key = cur.string()
-            out[key] = cur.value(cur.take("I"))
+            vtype = cur.take("I")
+            start = cur.pos
+            out[key] = cur.value(vtype)
+            if raw is not None:
+                raw(key, bytes(buf[start : cur.pos]))
             if want is not None and want <= out.keys():
                 break
         return out
+
+
+# What makes two GGUFs' token ids mean the same: the tokenizer kind and every token's text, in
+# order. (Special-token ids, chat templates and merges may differ between a family's models
+# without changing what an id is.)
+VOCABULARY_KEYS = ("tokenizer.ggml.model", "tokenizer.ggml.tokens")
+
+
+@dataclass(frozen=True)
+class Vocabulary:
+    """A GGUF's vocabulary, by identity: equal iff the token ids mean the same tokens."""
+
+    tokens: int  # how many
+    digest: str  # sha256 over VOCABULARY_KEYS' stored bytes
+
+
+def gguf_vocabulary(path: Path) -> Vocabulary:
+    """The vocabulary of a GGUF, hashed from its header's bytes (~0.2 s for 150k tokens, most
+    of it skipping strings; no token becomes a Python object). Raises OSError / ValueError as read_gguf_header, and
+    ValueError when the file has no vocabulary."""
+    h = hashlib.sha256()
+    seen = {}
+
+    def take(key: str, data: bytes) -> None:
+        if key in VOCABULARY_KEYS:
+            seen[key] = data
+
+    header = read_gguf_header(path, raw=take)
+    if "tokenizer.ggml.tokens" not in seen:
+        raise ValueError("no tokenizer.ggml.tokens: the file has no vocabulary")
+    for key in VOCABULARY_KEYS:
+        h.update(key.encode() + b"\0" + seen.get(key, b""))
+    return Vocabulary(header["tokenizer.ggml.tokens"].count, h.hexdigest())
 
 
 def open_gguf(path: Path):

@@ -29,13 +29,14 @@ from pathlib import Path
 from clawd import jobs, trainer_pid
 from clawd.adapters import Registry
 from clawd.config import TrainingSettings
-from clawd.errors import AdapterError, Busy, ClawdError, InvalidRequest
+from clawd.errors import AdapterError, Busy, ClawdError, ConfigError, InvalidRequest
 from clawd.paths import Paths
 from clawd.protocol import TrainingStatus
 from clawd.served import ServedModel
 from clawd.store import adapters as adapter_rows
 from clawd.store import signals
 from clawd.store.db import Database
+from clawd.teacher_model import teacher_model_path
 from clawd.trainer_pid import trainer_pid_file
 from clawd.training.data import STOPPED, read_job, write_job
 
@@ -236,7 +237,14 @@ class Scheduler:
     async def _new_job(self) -> Path:
         parent = await adapter_rows.active(self.db)
         job_id = "ad-" + datetime.now().strftime("%Y%m%d-%H%M%S") + "-" + uuid.uuid4().hex[:4]
+        try:  # checked again at each job: config.toml is reloaded live, and files come and go
+            teacher = await asyncio.to_thread(
+                teacher_model_path, self.settings.teacher, Path(self.model.info.path), self.paths
+            )
+        except ConfigError as e:
+            raise InvalidRequest(e.message) from e
         job = await jobs.build_job(self.db, self.model, self.settings, job_id=job_id, parent=parent, top_k=self.top_k)
+        job.teacher_model_path = str(teacher) if teacher else None
         if not job.train:
             raise InvalidRequest(
                 "nothing to train on: no ready signal that an adapter has not learned yet "

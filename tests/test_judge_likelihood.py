@@ -196,14 +196,16 @@ def test_bench_runs_the_likelihood_judge_on_a_local_gguf(tiny_gguf_2k, tmp_path)
 def test_a_gguf_judge_model_can_be_named_as_in_clawd_models(tiny_gguf, clawd_home, tmp_path):
     """gguf:NAME is the GGUF registered under NAME (`clawd models add`); a path stays a path,
     relative ones from config.toml's folder, as model.path."""
-    from clawd.daemon import judge_model_path
-    from clawd.model_registry import add_model
+    from functools import partial
+
+    from clawd.model_registry import add_model, second_model_path
     from clawd.paths import ensure_dirs, resolve_paths
     from tests.conftest import make_env
 
     paths = resolve_paths(make_env(clawd_home))
     ensure_dirs(paths)
     add_model(paths, tiny_gguf, name="tiny-judge", echo=lambda _: None)
+    judge_model_path = partial(second_model_path, role="judge")
     assert judge_model_path("tiny-judge", paths) == tiny_gguf.resolve()
     assert judge_model_path(str(tiny_gguf), paths) == tiny_gguf
     assert judge_model_path("judges/j.gguf", paths) == (paths.config_dir / "judges/j.gguf").resolve()

@@ -165,6 +165,7 @@ def build_tiny_gguf(
     chat_template: str | None = None,
     f16: bool = False,
     weight_deltas: Mapping[str, np.ndarray] | None = None,
+    extra_tokens: Iterable[str] = (),
 ) -> Path:
     """Write a tiny random-weight GGUF model that llama.cpp loads and runs; return `path`.
 
@@ -174,6 +175,8 @@ def build_tiny_gguf(
     byte-identical file. `f16=True` stores the matrices as F16 (norms and biases stay F32).
     `weight_deltas` maps tensor names to arrays (numpy shape) added to the random weights
     before writing, e.g. a merged LoRA ``alpha / r * B @ A`` to compare against runtime LoRA.
+    `extra_tokens` are control tokens appended to the vocabulary (a model whose vocabulary is
+    not the others', e.g. to test that a teacher with another tokenizer is refused).
     """
     import gguf  # local import: keeps `import tests.tiny_models` cheap
 
@@ -185,6 +188,8 @@ def build_tiny_gguf(
     path.parent.mkdir(parents=True, exist_ok=True)
 
     tokens, token_types, merges = tiny_vocab()
+    extra = list(extra_tokens)
+    tokens, token_types = tokens + extra, token_types + [_TOKEN_CONTROL] * len(extra)
     n_vocab = len(tokens)
     head_dim = n_embd // n_head
     specs = _tensor_specs(arch, n_layer, n_embd, n_head, n_head_kv, n_ff, n_vocab, head_dim)

@@ -70,6 +70,9 @@ class Job:
     # questions: the gate then asks only the candidate. None: the gate asks the parent too.
     parent_qa: list[bool] | None = None
     qa_fingerprint: str | None = None  # jobs.qa_fingerprint: kept in the gate's result for the next job
+    # training.teacher = "model:NAME": the teacher's GGUF, resolved and its vocabulary checked
+    # against the served model's by the daemon (clawd/teacher_model.py). None for base / policy.
+    teacher_model_path: str | None = None
 
     @property
     def settings(self) -> TrainingSettings:

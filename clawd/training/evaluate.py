@@ -86,14 +86,30 @@ def student_view(lm, s: Sample, k: int, chunk: int = 64) -> tuple[np.ndarray, np
     return np.concatenate(out_ids), np.concatenate(out_lp)
 
 
-def teacher_view(lm, s: Sample, top_ids: np.ndarray, teacher: str = "base") -> np.ndarray | None:
-    """The teacher + hint at the student's top-k ids: (n, k), or None without a hint. The
-    teacher is the frozen base ("base") or the model as it stands, adapter on ("policy")."""
+def scoring_teacher(lm, teacher):
+    """(the model that scores as the teacher, the context to score it in). `teacher` is
+    training.teacher's "base" (the student's frozen base: every LoRA scale 0) or "policy" (the
+    student as it stands, adapter on), or, for "model:NAME", that model already loaded (the
+    trainer loads it: run.load_teacher); its token ids are the student's (checked by the
+    daemon before the job is written)."""
+    if teacher == "base":
+        return lm, base_model(lm.model)
+    if teacher == "policy":
+        return lm, nullcontext()
+    if isinstance(teacher, str):
+        raise ValueError(f"teacher {teacher!r} must be loaded first (run.load_teacher)")
+    return teacher, nullcontext()
+
+
+def teacher_view(lm, s: Sample, top_ids: np.ndarray, teacher="base") -> np.ndarray | None:
+    """The teacher + hint at the student's top-k ids: (n, k), or None without a hint
+    (`teacher`: see scoring_teacher)."""
     if s.teacher_prompt_ids is None:
         return None
     ids, n_prompt = tokens(s, teacher=True)
-    with base_model(lm.model) if teacher == "base" else nullcontext():
-        lp = response_logprobs(lm, ids, n_prompt, mx.array(top_ids, dtype=mx.int32))
+    scorer, context = scoring_teacher(lm, teacher)
+    with context:
+        lp = response_logprobs(scorer, ids, n_prompt, mx.array(top_ids, dtype=mx.int32))
         mx.eval(lp)
     return np.array(lp)
 
@@ -112,15 +128,16 @@ def union_support(student_ids: np.ndarray, teacher_ids: np.ndarray) -> tuple[np.
     return ids, mask
 
 
-def teacher_topk(lm, s: Sample, k: int, teacher: str = "base", chunk: int = 64) -> np.ndarray:
+def teacher_topk(lm, s: Sample, k: int, teacher="base", chunk: int = 64) -> np.ndarray:
     """The teacher's own top-k ids (n, k) at each response position of the hinted context,
     most likely first: T_i of METHOD §4, scored by the teacher the loss uses."""
     ids, n_prompt = tokens(s, teacher=True)
     out = []
-    with base_model(lm.model) if teacher == "base" else nullcontext():
-        h = positions(lm, ids, n_prompt)
+    scorer, context = scoring_teacher(lm, teacher)
+    with context:
+        h = positions(scorer, ids, n_prompt)
         for c in range(0, h.shape[0], chunk):
-            logits = lm.logits(h[c : c + chunk])
+            logits = scorer.logits(h[c : c + chunk])
             top = mx.argpartition(-logits, kth=k - 1, axis=-1)[:, :k]
             order = mx.argsort(-mx.take_along_axis(logits, top, axis=-1), axis=-1)
             top = mx.take_along_axis(top, order, axis=-1)
@@ -129,7 +146,7 @@ def teacher_topk(lm, s: Sample, k: int, teacher: str = "base", chunk: int = 64) 
     return np.concatenate(out)
 
 
-def sample_views(lm, s: Sample, k: int, teacher: str = "base", support: str = "student") -> dict:
+def sample_views(lm, s: Sample, k: int, teacher="base", support: str = "student") -> dict:
     """Everything the loss and the gate need of one sample under the weights in place (π_old):
     ids (n, 1+K) = the sampled token then the support S_i; old (n, 1+K) = π_old there;
     teacher (n, K) = the teacher + hint there, or None without a hint; mask (n, K) = which
@@ -168,7 +185,7 @@ def direction(
     candidate: dict,
     k: int,
     delta_clip: float,
-    teacher: str = "base",
+    teacher="base",
     prepared: list[dict] | None = None,
     support: str = "student",
 ) -> dict:

@@ -17,6 +17,7 @@ teacher log-probs are kept in JOB_DIR too, so a resumed run optimizes exactly th
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import shutil
@@ -102,14 +103,14 @@ def prepare(
     k: int,
     cache: Path,
     progress: Callable[[int, int], None],
-    teacher: str = "base",
+    teacher="base",
     support: str = "student",
 ) -> list[dict]:
     """π_old (the current LoRA = the parent) at the sampled tokens and the OPD support (its
     top-k, or with support "union" its top-k ∪ the teacher's), and the teacher (training.teacher
-    + hint) on that support, for every sample: recomputed in MLX so no ratio mixes engines
-    (STACK.md); the teacher's top-k comes from the same teacher the loss uses. Cached in the
-    job dir for resumes."""
+    + hint, see evaluate.scoring_teacher) on that support, for every sample: recomputed in MLX
+    so no ratio mixes engines (STACK.md); the teacher's top-k comes from the same teacher the
+    loss uses. Cached in the job dir for resumes."""
     import numpy as np
 
     from clawd.training.evaluate import sample_views
@@ -128,6 +129,57 @@ def prepare(
     np.savez(tmp, **arrays)
     os.replace(tmp, cache)
     return out
+
+
+def load_teacher(job, cache_dir: Path):
+    """What scores as the teacher in this run (evaluate.scoring_teacher): training.teacher's
+    "base" or "policy" as is, or for "model:NAME" that model, loaded from the GGUF the daemon
+    resolved and checked (job.teacher_model_path) as float32 MLX weights, like the student.
+
+    Why here and not in the miner's llama.cpp, which scores faster in less memory (measured by
+    benchmarks/teacher_placement.py, 1.5B over 0.5B: 4.4-5.1 s and 1.9 GB per signal there,
+    7.6-8.1 s and 7.0 GB here): the miner would score every hint candidate (up to
+    mining.max_hints) and store the arrays per signal; here the chosen hint is scored once, in
+    the engine that ranks the student's top-k (the union support needs the teacher's own top-k
+    at those positions), and a teacher set after a signal was mined still scores it."""
+    teacher = job.settings.teacher
+    if not teacher.startswith("model:"):
+        return teacher
+    if not job.teacher_model_path:
+        raise ValueError(f"training.teacher is {teacher!r} but the job names no teacher model file")
+    from clawd.training.weights import load_model
+
+    emit("phase", phase="load_teacher", model=job.teacher_model_path)
+    return load_model(Path(job.teacher_model_path), cache_dir=cache_dir)
+
+
+def prepare_all(lm, job, job_dir: Path, cache_dir: Path, progress) -> tuple[list[dict], list[dict] | None]:
+    """run.prepare's views of the training samples, and with a teacher model those of the
+    held-out ones too (None otherwise: the gate computes them itself). Both are taken under
+    the parent's weights, as the gate would, so a teacher model is needed only here: it is
+    loaded for this phase (when a resume has not cached its views already) and freed before
+    training, and training's peak memory is the student's alone."""
+    cfg, k = job.settings, job.top_k
+    train_cache, held_cache = job_dir / "prepared.npz", job_dir / "prepared-holdout.npz"
+    teacher = cfg.teacher
+    separate = teacher.startswith("model:")
+    if separate and not (train_cache.exists() and (held_cache.exists() or not job.holdout)):
+        teacher = load_teacher(job, cache_dir)
+    emit("phase", phase="prepare", samples=len(job.train) + (len(job.holdout) if separate else 0))
+    prep = prepare(lm, job.train, k, train_cache, progress, teacher, cfg.opd_support)
+    held = None
+    if separate and job.holdout:
+        total = len(job.train) + len(job.holdout)  # one count over both, as the prepare phase announced
+        held = prepare(
+            lm, job.holdout, k, held_cache, lambda i, _n: progress(len(job.train) + i, total), teacher, cfg.opd_support
+        )
+    if not isinstance(teacher, str):
+        import mlx.core as mx
+
+        del teacher  # its last use: give its weights back before training
+        gc.collect()
+        mx.clear_cache()
+    return prep, held
 
 
 def sample_loss(lm, sample, prep, weights):
@@ -342,7 +394,6 @@ def run(job_dir: Path, cache_dir: Path, out_dir: Path, *, stock_blas: bool = Fal
     note = attach_lora(lm, cfg, job.parent_path)
     active = evaluate.lora_params(lm.model)  # the parent's weights = π_old
     k = job.top_k  # mining.top_k, carried by the job
-    emit("phase", phase="prepare", samples=len(job.train))
 
     def prepared(i: int, n: int) -> None:
         emit("prepare", done=i, total=n)
@@ -350,7 +401,7 @@ def run(job_dir: Path, cache_dir: Path, out_dir: Path, *, stock_blas: bool = Fal
             raise StopRequested
 
     try:
-        prep = prepare(lm, job.train, k, job_dir / "prepared.npz", prepared, cfg.teacher, cfg.opd_support)
+        prep, held = prepare_all(lm, job, job_dir, cache_dir, prepared)
     except StopRequested:
         emit("stopped", step=0, total=0)
         return STOPPED
@@ -399,7 +450,7 @@ def run(job_dir: Path, cache_dir: Path, out_dir: Path, *, stock_blas: bool = Fal
         k,
         weights.delta_clip,
         cfg.teacher,
-        prepared=None if job.holdout else prep,  # judged on the training signals: reuse their views
+        prepared=held if job.holdout else prep,  # judged on the training signals: reuse their views
         support=cfg.opd_support,
     )
     if stop.requested:  # direction() leaves the candidate's weights in place
@@ -431,6 +482,7 @@ def run(job_dir: Path, cache_dir: Path, out_dir: Path, *, stock_blas: bool = Fal
         "history": history,
         "final": history[-1] if history else {},
         "note": note,
+        "teacher": {"setting": cfg.teacher, "model_path": job.teacher_model_path},
     }
     meta = {
         "id": job.id,
