@@ -18,6 +18,7 @@ from clawd.teacher_model import teacher_model_path
 from clawd.training.data import Sample
 from tests.conftest import TRAIN_ENV, make_env, start_daemon
 from tests.test_training_loop import make_ready_signals, training, wait_run
+from tests.test_training_weights import llamacpp_logprobs  # llama-cpp-python's own Llama: the reference
 from tests.tiny_models import build_tiny_gguf
 
 K = 4
@@ -34,20 +35,6 @@ def models(tmp_path_factory) -> dict[str, Path]:
         "other-student": build_tiny_gguf(d / "other-student.gguf", seed=0, extra_tokens=["<|a|>"]),
         "other-tokens": build_tiny_gguf(d / "other-tokens.gguf", seed=11, extra_tokens=["<|b|>"]),
     }
-
-
-def llamacpp_logprobs(path: Path, ids: list[int]) -> np.ndarray:
-    """The reference: llama-cpp-python's own high-level Llama, every position's logits, F32 K/V,
-    log-softmax in float64 here. Row t: log p(· | ids[:t+1])."""
-    import llama_cpp
-
-    llm = llama_cpp.Llama(
-        str(path), n_ctx=256, n_threads=1, logits_all=True, type_k=0, type_v=0, flash_attn=False, verbose=False
-    )
-    llm.eval(ids[:-1])
-    lg = np.array(llm.scores[: len(ids) - 1], dtype=np.float64)
-    m = lg.max(-1, keepdims=True)
-    return lg - m - np.log(np.exp(lg - m).sum(-1, keepdims=True))
 
 
 def hinted_sample() -> Sample:
