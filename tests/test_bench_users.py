@@ -12,7 +12,7 @@ import re
 import pytest
 
 from clawd.bench import report
-from clawd.bench.users import load_user, parse_user, resolve_user, shipped_users
+from clawd.bench.users import load_user, parse_user, resolve_user, shipped_users, unseen_users
 from clawd.errors import ConfigError
 from clawd.judge import JudgeInput
 from clawd.judge_rules import RulesJudge
@@ -50,6 +50,24 @@ DETECTOR_CASES = [
     ({"kind": "no_exclamation"}, "Happy birthday!", False),
     ({"kind": "lowercase"}, "paris is the capital.", True),
     ({"kind": "lowercase"}, "Paris is the capital.", False),
+    ({"kind": "sentences", "count": 2}, "Wings push air down. The air pushes back up.", True),
+    ({"kind": "sentences", "count": 2}, "Use salt, e.g. sea salt. It costs 3.50 euros", True),  # no end at e.g./3.50
+    ({"kind": "sentences", "count": 2}, "Wings push air down.", False),
+    ({"kind": "sentences", "count": 2}, "Lift. Drag. Thrust!", False),
+    ({"kind": "sentences", "count": 2}, "Really? Yes, it works!", True),
+    ({"kind": "starts_with", "phrases": ["in short"]}, "In short, rent first.", True),
+    ({"kind": "starts_with", "phrases": ["in short"]}, "**In short:** rent first.", True),
+    ({"kind": "starts_with", "phrases": ["in short"]}, "Rent first, in short.", False),
+    ({"kind": "starts_with", "phrases": ["in short"]}, "Inshort, rent.", False),
+    ({"kind": "british_spelling"}, "A grey colour scheme suits the centre.", True),
+    ({"kind": "british_spelling"}, "My favorite Color is blue.", False),
+    ({"kind": "british_spelling"}, "Organize the shelf by size.", False),
+    ({"kind": "british_spelling"}, "Sort the shelf by size.", True),  # no word to spell: passes
+    ({"kind": "no_first_person"}, "Tea suits a quiet morning.", True),
+    ({"kind": "no_first_person"}, "I think tea is better.", False),
+    ({"kind": "no_first_person"}, "Tea, in my view.", False),
+    ({"kind": "no_first_person"}, "I’d pick tea.", False),  # a curly apostrophe too
+    ({"kind": "no_first_person"}, "Ask the team, if it helps.", True),
 ]
 
 
@@ -77,6 +95,8 @@ LOADER_ERRORS = [
     ({"preference": {"checks": [{"kind": "max_words"}]}}, "needs `limit`"),
     ({"preference": {"checks": [{"kind": "max_words", "limit": "ten"}]}}, "needs `limit`"),
     ({"preference": {"checks": [{"kind": "max_words", "limit": 0}]}}, "limit >= 1"),
+    ({"preference": {"checks": [{"kind": "sentences", "count": 0}]}}, "count >= 1"),
+    ({"preference": {"checks": [{"kind": "starts_with", "phrases": ["..."]}]}}, "phrases with words"),
     ({"preference": {"checks": [{"kind": "no_markdown", "strict": True}]}}, "takes no strict"),
     ({"reactions": {"corrections": ["only one wording"], "approvals": ["Thanks."]}}, "at least 2"),
     ({"reactions": {"corrections": ["Too long.", "Shorter."]}}, "approvals"),
@@ -129,6 +149,21 @@ def _words(text: str) -> list[str]:
 
 def test_at_least_four_users_ship():
     assert len(SHIPPED) >= 4
+
+
+def test_the_unseen_users_load_by_name_apart_from_the_shipped_ones():
+    """Issue 16 item 6: at least 4 users whose preferences need the hint followed, with varied
+    correction phrasing, kept out of shipped_users() so that no rules-judge test (and no tuning)
+    touches them."""
+    unseen = unseen_users()
+    assert len(unseen) >= 4 and not set(unseen) & set(shipped_users())
+    kinds = set()
+    for name in unseen:
+        u = resolve_user(name)
+        assert u.name == name and len(u.held_out) >= 8 and len(u.corrections) >= 4
+        assert len({c.split()[0].lower() for c in u.corrections}) >= 4  # they open differently
+        kinds |= {kind for kind, _ in u.checks}
+    assert {"sentences", "starts_with", "british_spelling", "no_first_person"} <= kinds
 
 
 @pytest.mark.parametrize("name", SHIPPED)

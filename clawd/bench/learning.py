@@ -54,7 +54,7 @@ from pathlib import Path
 
 from clawd.bench import report
 from clawd.bench.daemon import Daemon
-from clawd.bench.users import SimulatedUser, resolve_user, shipped_users
+from clawd.bench.users import SimulatedUser, resolve_user, shipped_users, unseen_users
 from clawd.errors import ClawdError, ConfigError
 from clawd.judge import JudgeInput
 from clawd.judge_rules import RulesJudge
@@ -355,7 +355,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--users",
         default="terse,detailed,plain,signoff",
-        help=f"comma list: shipped users ({', '.join(shipped_users())}) or paths to user .toml files",
+        help=f"comma list: shipped users ({', '.join(shipped_users())}), unseen users "
+        f"({', '.join(unseen_users())}) or paths to user .toml files",
     )
     p.add_argument("--methods", default="hybrid,rl,opd", help=f"comma list of {', '.join(METHODS)}")
     p.add_argument("--seeds", default="0", help="comma list of integer seeds")

@@ -33,6 +33,10 @@ from pathlib import Path
 from clawd.errors import ConfigError
 
 SHIPPED_DIR = Path(__file__).resolve().parent / "users"
+# Users written for the learning benchmark on people clawd was not tuned on (issue 16 item 6),
+# frozen before any model or judge ran on them. Kept apart from the shipped users, whose
+# corrections the rules judge is tested (and was tuned) to understand.
+UNSEEN_DIR = SHIPPED_DIR / "unseen"
 
 _BOLD = re.compile(r"\*\*[^*\n]+\*\*|__[^_\n]+__")
 _LIST_LINE = re.compile(r"(?m)^\s*([-*+•]|\d+[.)])\s+\S")
@@ -70,6 +74,46 @@ def _lowercase() -> Callable[[str], bool]:
     return lambda text: text == text.lower()
 
 
+# A sentence ends at . ! or ? followed by a space or the end ("3.5" does not end one), but not
+# at the last dot of an "e.g." or "i.e.".
+_SENTENCE_END = re.compile(r"(?<!\b[a-z]\.[a-z])[.!?]+(?=\s|$)", re.IGNORECASE)
+
+
+def sentence_count(text: str) -> int:
+    """Sentences with at least one word; an unpunctuated tail counts as one more."""
+    return sum(1 for part in _SENTENCE_END.split(text) if _words(part))
+
+
+def _sentences(count: int) -> Callable[[str], bool]:
+    return lambda text: sentence_count(text) == count
+
+
+def _starts_with(phrases: list[str]) -> Callable[[str], bool]:
+    wanted = [_words(p.lower()) for p in phrases]
+    return lambda text: any(_words(text.lower())[: len(w)] == w for w in wanted)
+
+
+# American spellings with a British variant a general answer may use; the check fails on any.
+AMERICAN_SPELLINGS = frozenset(
+    "color colors colored colorful favorite favorites flavor flavors flavored neighbor neighbors "
+    "neighborhood behavior behaviors honor humor labor harbor rumor center centers centered theater "
+    "theaters liter liters gray organize organized organizes organizing organization realize "
+    "realized realizes recognize recognized apologize analyze analyzed traveling traveled traveler "
+    "jewelry defense catalog fiber mold plow".split()
+)
+
+
+def _british_spelling() -> Callable[[str], bool]:
+    return lambda text: not any(w.lower() in AMERICAN_SPELLINGS for w in _words(text))
+
+
+FIRST_PERSON = frozenset("i i'm i've i'd i'll me my mine myself".split())
+
+
+def _no_first_person() -> Callable[[str], bool]:
+    return lambda text: not any(w.lower().replace("’", "'") in FIRST_PERSON for w in _words(text))
+
+
 DETECTORS: dict[str, tuple[Callable[..., Callable[[str], bool]], dict[str, type]]] = {
     "max_words": (_max_words, {"limit": int}),
     "min_words": (_min_words, {"limit": int}),
@@ -77,6 +121,10 @@ DETECTORS: dict[str, tuple[Callable[..., Callable[[str], bool]], dict[str, type]
     "ends_with": (_ends_with, {"phrases": list}),
     "no_exclamation": (_no_exclamation, {}),
     "lowercase": (_lowercase, {}),
+    "sentences": (_sentences, {"count": int}),
+    "starts_with": (_starts_with, {"phrases": list}),
+    "british_spelling": (_british_spelling, {}),
+    "no_first_person": (_no_first_person, {}),
 }
 
 
@@ -147,8 +195,12 @@ def _check(spec, path) -> tuple[str, Callable[[str], bool]]:
         args[name] = spec[name]
     if kind in ("max_words", "min_words") and args["limit"] < 1:
         raise _fail(path, f"{kind} needs limit >= 1")
+    if kind == "sentences" and args["count"] < 1:
+        raise _fail(path, "sentences needs count >= 1")
     if kind == "ends_with" and not all(isinstance(p, str) and p.strip() for p in args["phrases"]):
         raise _fail(path, "ends_with needs non-empty phrases")
+    if kind == "starts_with" and not all(isinstance(p, str) and _words(p) for p in args["phrases"]):
+        raise _fail(path, "starts_with needs phrases with words in them")
     return kind, make(**args)
 
 
@@ -196,11 +248,15 @@ def shipped_users() -> dict[str, Path]:
     return {p.stem: p for p in sorted(SHIPPED_DIR.glob("*.toml"))}
 
 
+def unseen_users() -> dict[str, Path]:
+    return {p.stem: p for p in sorted(UNSEEN_DIR.glob("*.toml"))}
+
+
 def resolve_user(ref: str) -> SimulatedUser:
-    """A shipped user's name, or a path to any user file."""
-    shipped = shipped_users()
-    if ref in shipped:
-        return load_user(shipped[ref])
+    """A shipped or unseen user's name, or a path to any user file."""
+    known = {**shipped_users(), **unseen_users()}
+    if ref in known:
+        return load_user(known[ref])
     if ref.endswith(".toml") or "/" in ref:
         return load_user(ref)
-    raise ConfigError(f"no simulated user {ref!r}: use one of {', '.join(shipped)} or a path to a .toml file")
+    raise ConfigError(f"no simulated user {ref!r}: use one of {', '.join(known)} or a path to a .toml file")
