@@ -14,19 +14,24 @@ Qwen2.5-Coder-0.5B-Instruct (both pulled with `clawd models pull NAME`). Per mod
   (clawd/bench/users/), asked bare and with one of the user's corrections as the miner's hint
   (METHOD §3's wording: what the hinted teacher sees), greedy and sampled at T 0.7, scored by
   the user's own compliance check (clawd.bench.learning.measure). A hinted prompt whose
-  correction the rules judge makes no hint of is skipped, as the miner would.
+  correction the rules judge makes no hint of is skipped, as the miner would. The checks test
+  form only, so a refusal ("I don't know.") or the hint copied back can pass them: the
+  `answered` figures count such an answer as a failure (`is_real_answer`).
 - speed: raw llama-cpp-python with every core, outside the daemon: prefill tok/s over a
   256-token prompt and decode tok/s over 128 greedy tokens (`Llama.generate`, which does not
   stop at the end of text, so every model decodes the same count); median of 3.
 - serving memory: the daemon's peak RSS (VmHWM) after the QA and instruction-following calls.
 - training: one clawd hybrid step at 256 tokens (benchmarks/train.py's Bench: the trainer's
-  own prepare, loss, clip and AdamW) after a 32-token warm-up step, median of 3 steps; and
-  that child's peak RSS (load + dequantize + prepare + steps).
+  own prepare, loss, clip and AdamW) after a warm-up step of the same length, median of 3
+  steps. Twice per model, each in its own child: first cold (it dequantizes the GGUF into the
+  cache and prepares), then warm (the trainer's steady state); the table shows the warm run,
+  both peak RSS figures are kept. Sizes and memory are in MB (10^6 bytes).
 
 Prints a Markdown table and writes every number (and every answer) as JSON with --json. About
 15 min for the three on 2 cores, more on the first run (dequantizing). Usage:
     python benchmarks/default_model.py [--models embedded,smollm2-135m-instruct,...]
                                        [--home DIR] [--json OUT]
+    python benchmarks/default_model.py --report docs/default-model.json   # the tables again
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import resource
 import shutil
 import statistics
@@ -50,6 +56,7 @@ sys.path.insert(0, str(ROOT))
 from clawd.bench.daemon import Daemon  # noqa: E402
 from clawd.bench.learning import Budget, daemon_settings, measure, teacher_context  # noqa: E402
 from clawd.bench.users import resolve_user, shipped_users  # noqa: E402
+from clawd.served import HINT_MARKER  # noqa: E402
 from clawd.training import qa as qa_score  # noqa: E402
 
 DEFAULT_MODELS = "embedded,smollm2-135m-instruct,qwen2.5-coder-0.5b-instruct"
@@ -102,20 +109,22 @@ def child_train(model: Path, cache: Path) -> dict:
 
     blas.enable(cache)  # before mlx is imported, as the trainer does
     sys.path.insert(0, str(ROOT / "benchmarks"))
-    from train import WARMUP_TOKENS, Bench
+    from train import Bench
 
-    bench = Bench(model, cache, [WARMUP_TOKENS, TRAIN_TOKENS])
+    cold = not any(cache.rglob("*.safetensors"))
+    bench = Bench(model, cache, [TRAIN_TOKENS])
     opt = bench.optimizer()
-    warmup_s = bench.clawd_step(WARMUP_TOKENS, opt)
+    warmup_s = bench.clawd_step(TRAIN_TOKENS, opt)
     steps = [bench.clawd_step(TRAIN_TOKENS, opt) for _ in range(TRAIN_ROUNDS)]
     return {
+        "cache": "cold" if cold else "warm",
         "tokens": TRAIN_TOKENS,
         "step_s": statistics.median(steps),
         "steps_s": steps,
         "warmup_s": warmup_s,
         "load_s": bench.load_s,
         "prepare_s": bench.prepare_s,
-        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e6,  # KiB on Linux
     }
 
 
@@ -139,9 +148,13 @@ def child_speed(model: Path) -> dict:
             stamps.append(time.perf_counter())
             if len(stamps) > DECODE_TOKENS:
                 break
-        prefill.append(PREFILL_TOKENS / (stamps[0] - t0))
+        prefill.append(len(prompt) / (stamps[0] - t0))
         decode.append(DECODE_TOKENS / (stamps[-1] - stamps[0]))
+    import llama_cpp
+
     return {
+        "llama_cpp_python": llama_cpp.__version__,
+        "prompt_tokens": len(prompt),
         "threads": threads,
         "prefill_tok_s": statistics.median(prefill),
         "decode_tok_s": statistics.median(decode),
@@ -196,10 +209,33 @@ def instruction_following(d: Daemon) -> dict:
     return out
 
 
+# A refusal or a shrug: the user's form check may pass it, but it answers nothing.
+_REFUSAL = re.compile(r"\b(don'?t know|do not know|not sure|can(?:'|no)?t (?:help|answer|provide)|i'?m sorry)\b", re.I)
+
+
+def is_real_answer(answer: str, prompt: str) -> bool:
+    """Not a refusal, and not the hint copied back (most of its words are the hint's)."""
+    if _REFUSAL.search(answer):
+        return False
+    if HINT_MARKER not in prompt:
+        return True
+    hint = {w.lower() for w in re.findall(r"[\w']+", prompt.split(HINT_MARKER)[-1])}
+    words = [w.lower() for w in re.findall(r"[\w']+", answer)]
+    return not words or sum(w in hint for w in words) / len(words) < 0.6
+
+
+def answered(point: dict, how: str) -> float | None:
+    """Compliance that counts a refusal or a copied hint as a failure."""
+    got = point["answers"]
+    if not got:
+        return None
+    return sum(a[f"{how}_ok"] and is_real_answer(a[how], a["prompt"]) for a in got) / len(got)
+
+
 def peak_rss_mb(pid: int) -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
+            return int(line.split()[1]) * 1024 / 1e6  # kB (KiB) in /proc
     return float("nan")
 
 
@@ -226,6 +262,7 @@ def measure_model(name: str, home: Path) -> dict:
     t0 = time.perf_counter()
     row["speed"] = run_child("speed", str(model))
     print(f"  speed: prefill {row['speed']['prefill_tok_s']:.0f} tok/s, decode {row['speed']['decode_tok_s']:.1f}")
+    row["train_cold"] = run_child("train", str(model), str(cache))
     row["train"] = run_child("train", str(model), str(cache))
     row["dequantized_mb"] = sum(f.stat().st_size for f in cache.rglob("*.safetensors")) / 1e6
     print(f"  train: step {row['train']['step_s']:.2f} s, peak RSS {row['train']['peak_rss_mb']:.0f} MB", flush=True)
@@ -241,40 +278,50 @@ def measure_model(name: str, home: Path) -> dict:
     return row
 
 
-def _mean(rows: list[dict], kind: str, how: str) -> float | None:
-    got = [r[kind][how] for r in rows if r[kind]["answers"]]
+def _mean(rows: list[dict], kind: str, how: str, real: bool = False) -> float | None:
+    got = [answered(r[kind], how) if real else r[kind][how] for r in rows if r[kind]["answers"]]
     return sum(got) / len(got) if got else None
 
 
 def table(results: list[dict]) -> str:
     pct = lambda x: "–" if x is None else f"{x:.0%}"  # noqa: E731
+    both = lambda users, kind, real=False: (  # noqa: E731
+        f"{pct(_mean(users, kind, 'greedy', real))} / {pct(_mean(users, kind, 'sampled', real))}"
+    )
     lines = [
         "| model | GGUF MB | training copy MB | QA canary | QA fresh | bare: greedy / sampled | "
-        "hinted: greedy / sampled | prefill tok/s | decode tok/s | serve peak RSS MB | "
-        "train step s (256 tok) | train peak RSS MB |",
-        "|---|" + "---|" * 11,
+        "hinted: greedy / sampled | answered, bare | answered, hinted | prefill tok/s | decode tok/s | "
+        "serve peak RSS MB | train step s (256 tok) | train peak RSS MB (warm / cold) |",
+        "|---|" + "---|" * 13,
     ]
     for r in results:
         users = list(r["following"].values())
+        cold = r.get("train_cold", {}).get("peak_rss_mb")
         lines.append(
             f"| {r['name']} | {r['gguf_mb']:.0f} | {r['dequantized_mb']:.0f} "
             f"| {pct(r['qa_canary']['accuracy'])} | {pct(r['qa_fresh']['accuracy'])} "
-            f"| {pct(_mean(users, 'bare', 'greedy'))} / {pct(_mean(users, 'bare', 'sampled'))} "
-            f"| {pct(_mean(users, 'hinted', 'greedy'))} / {pct(_mean(users, 'hinted', 'sampled'))} "
+            f"| {both(users, 'bare')} | {both(users, 'hinted')} "
+            f"| {both(users, 'bare', True)} | {both(users, 'hinted', True)} "
             f"| {r['speed']['prefill_tok_s']:.0f} | {r['speed']['decode_tok_s']:.1f} "
-            f"| {r['serve_peak_rss_mb']:.0f} | {r['train']['step_s']:.2f} | {r['train']['peak_rss_mb']:.0f} |"
+            f"| {r['serve_peak_rss_mb']:.0f} | {r['train']['step_s']:.2f} "
+            f"| {r['train']['peak_rss_mb']:.0f} / {'–' if cold is None else f'{cold:.0f}'} |"
         )
     return "\n".join(lines)
 
 
 def following_table(results: list[dict]) -> str:
-    """Per user and model: bare and hinted compliance, greedy / sampled."""
+    """Per user and model: bare and hinted compliance, greedy / sampled (answered in brackets)."""
     names = [r["name"] for r in results]
     lines = [
         "| user | " + " | ".join(f"{n} bare | {n} hinted" for n in names) + " |",
         "|---|" + "---|" * 2 * len(names),
     ]
-    cell = lambda m: f"{m['greedy']:.0%} / {m['sampled']:.0%}" if m["answers"] else "–"  # noqa: E731
+
+    def cell(m: dict) -> str:
+        if not m["answers"]:
+            return "–"
+        return f"{m['greedy']:.0%} / {m['sampled']:.0%} ({answered(m, 'greedy'):.0%} / {answered(m, 'sampled'):.0%})"
+
     for user in results[0]["following"]:
         cells = []
         for r in results:
@@ -289,6 +336,7 @@ def main() -> int:
     ap.add_argument("--models", default=DEFAULT_MODELS, help=f"comma list (default {DEFAULT_MODELS})")
     ap.add_argument("--home", type=Path, help="scratch dir to keep (dequantized weights are cached there)")
     ap.add_argument("--json", type=Path, help="write every number and answer here")
+    ap.add_argument("--report", type=Path, help="run nothing: print the tables of an earlier --json")
     ap.add_argument("--child", nargs="+", help=argparse.SUPPRESS)  # internal: train MODEL CACHE | speed MODEL
     a = ap.parse_args()
     if a.child:
@@ -297,23 +345,38 @@ def main() -> int:
         print(json.dumps(res))
         return 0
 
+    if a.report:
+        print_tables(json.loads(a.report.read_text())["results"])
+        return 0
+
     home = a.home or Path(tempfile.mkdtemp(prefix="clawd-bench-default-model-"))
+    load_before = os.getloadavg()
     t0 = time.perf_counter()
     try:
         results = [measure_model(name.strip(), home) for name in a.models.split(",") if name.strip()]
     finally:
         if a.home is None:
             shutil.rmtree(home, ignore_errors=True)
-    load = os.getloadavg()
-    print(
-        f"\n{platform.machine()}, {os.cpu_count()} cores, load at the end {load[0]:.1f}; total {time.perf_counter() - t0:.0f} s\n"
-    )
-    print(table(results))
-    print()
-    print(following_table(results))
+    machine = {
+        "machine": platform.machine(),
+        "cores": os.cpu_count(),
+        "python": platform.python_version(),
+        "load_before": load_before,
+        "load_at_end": os.getloadavg(),
+        "total_s": time.perf_counter() - t0,
+        "command": " ".join(sys.argv),
+    }
+    print(f"\n{machine}\n")
+    print_tables(results)
     if a.json:
-        a.json.write_text(json.dumps({"load_at_end": load, "results": results}, indent=1))
+        a.json.write_text(json.dumps({**machine, "results": results}, indent=1))
     return 0
+
+
+def print_tables(results: list[dict]) -> None:
+    print(table(results))
+    print("\nPer user: greedy / sampled compliance (answered: no refusal, no copied hint)\n")
+    print(following_table(results))
 
 
 if __name__ == "__main__":

@@ -55,6 +55,9 @@ DETECTOR_CASES = [
     ({"kind": "sentences", "count": 2}, "Wings push air down.", False),
     ({"kind": "sentences", "count": 2}, "Lift. Drag. Thrust!", False),
     ({"kind": "sentences", "count": 2}, "Really? Yes, it works!", True),
+    ({"kind": "sentences", "count": 2}, "**Lift.** Wings push air down.", True),  # emphasis after the dot
+    ({"kind": "sentences", "count": 3}, 'It is called "retrogradation." The starch sets. It goes hard.', True),
+    ({"kind": "sentences", "count": 2}, "Wings push air down. The air pushes", True),  # a cut tail is read too
     ({"kind": "starts_with", "phrases": ["in short"]}, "In short, rent first.", True),
     ({"kind": "starts_with", "phrases": ["in short"]}, "**In short:** rent first.", True),
     ({"kind": "starts_with", "phrases": ["in short"]}, "Rent first, in short.", False),
@@ -63,11 +66,14 @@ DETECTOR_CASES = [
     ({"kind": "british_spelling"}, "My favorite Color is blue.", False),
     ({"kind": "british_spelling"}, "Organize the shelf by size.", False),
     ({"kind": "british_spelling"}, "Sort the shelf by size.", True),  # no word to spell: passes
+    ({"kind": "british_spelling"}, "Prioritize the big items first.", False),  # any -ize form
+    ({"kind": "british_spelling"}, "Prioritise by size; a citizen's prize.", True),  # size, citizen, prize: no suffix
     ({"kind": "no_first_person"}, "Tea suits a quiet morning.", True),
     ({"kind": "no_first_person"}, "I think tea is better.", False),
     ({"kind": "no_first_person"}, "Tea, in my view.", False),
     ({"kind": "no_first_person"}, "I’d pick tea.", False),  # a curly apostrophe too
     ({"kind": "no_first_person"}, "Ask the team, if it helps.", True),
+    ({"kind": "no_first_person"}, "Tea is a gold mine of flavour.", True),  # "mine" the noun
 ]
 
 

@@ -74,13 +74,14 @@ def _lowercase() -> Callable[[str], bool]:
     return lambda text: text == text.lower()
 
 
-# A sentence ends at . ! or ? followed by a space or the end ("3.5" does not end one), but not
-# at the last dot of an "e.g." or "i.e.".
-_SENTENCE_END = re.compile(r"(?<!\b[a-z]\.[a-z])[.!?]+(?=\s|$)", re.IGNORECASE)
+# A sentence ends at . ! or ? (and any closing quote, bracket or Markdown emphasis right after
+# it) followed by a space or the end. "3.5" does not end one, nor the last dot of "e.g." / "i.e.".
+_SENTENCE_END = re.compile(r"(?<!\b[a-z]\.[a-z])[.!?]+[\"'”’)\]*_]*(?=\s|$)", re.IGNORECASE)
 
 
 def sentence_count(text: str) -> int:
-    """Sentences with at least one word; an unpunctuated tail counts as one more."""
+    """Sentences with at least one word; an unpunctuated tail (an answer cut at max_tokens, or
+    one that never ends its last sentence) counts as one more: the user reads it."""
     return sum(1 for part in _SENTENCE_END.split(text) if _words(part))
 
 
@@ -93,21 +94,30 @@ def _starts_with(phrases: list[str]) -> Callable[[str], bool]:
     return lambda text: any(_words(text.lower())[: len(w)] == w for w in wanted)
 
 
-# American spellings with a British variant a general answer may use; the check fails on any.
+# American spellings with a British variant that a general answer may use; any one fails the
+# check. Besides these words, every -ize / -yze form fails (organize, prioritize, analyzing...),
+# except words whose "iz" is no suffix (size, prize, seize...).
 AMERICAN_SPELLINGS = frozenset(
-    "color colors colored colorful favorite favorites flavor flavors flavored neighbor neighbors "
-    "neighborhood behavior behaviors honor humor labor harbor rumor center centers centered theater "
-    "theaters liter liters gray organize organized organizes organizing organization realize "
-    "realized realizes recognize recognized apologize analyze analyzed traveling traveled traveler "
-    "jewelry defense catalog fiber mold plow".split()
+    "color colors colored coloring colorful favor favors favorite favorites flavor flavors flavored "
+    "flavorful neighbor neighbors neighborhood behavior behaviors behavioral honor humor labor harbor "
+    "rumor center centers centered centerpiece theater theaters liter liters gray cozy "
+    "jewelry defense catalog fiber mold plow traveling traveled traveler travelers".split()
 )
+_IZE = re.compile(r"^[a-z]+(?:iz|yz)(?:e|es|ed|ing|ation|ations|er|ers)$")
+_NOT_IZE = frozenset("size sizes sized sizing prize prizes seize seized seizes seizing capsize maize baize".split())
+
+
+def _is_american(word: str) -> bool:
+    w = word.lower()
+    return w in AMERICAN_SPELLINGS or (bool(_IZE.match(w)) and w not in _NOT_IZE and not w.endswith("sized"))
 
 
 def _british_spelling() -> Callable[[str], bool]:
-    return lambda text: not any(w.lower() in AMERICAN_SPELLINGS for w in _words(text))
+    return lambda text: not any(_is_american(w) for w in _words(text))
 
 
-FIRST_PERSON = frozenset("i i'm i've i'd i'll me my mine myself".split())
+# First person singular: the assistant talking about itself. "mine" is left out (a gold mine).
+FIRST_PERSON = frozenset("i i'm i've i'd i'll me my myself".split())
 
 
 def _no_first_person() -> Callable[[str], bool]:
@@ -254,7 +264,7 @@ def unseen_users() -> dict[str, Path]:
 
 def resolve_user(ref: str) -> SimulatedUser:
     """A shipped or unseen user's name, or a path to any user file."""
-    known = {**shipped_users(), **unseen_users()}
+    known = {**unseen_users(), **shipped_users()}  # a shipped user keeps its name
     if ref in known:
         return load_user(known[ref])
     if ref.endswith(".toml") or "/" in ref:
