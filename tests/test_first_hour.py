@@ -287,8 +287,7 @@ async def test_the_start_offer_goes_away_when_the_daemon_comes_up_by_itself(claw
 
 
 async def test_after_a_correction_the_keys_rate_the_new_reply(fake_daemon, app_for):
-    from tests.test_tui_app import SIZE, feedback_of, replies, say, until
-    from tui.screens.modals import CorrectionModal
+    from tests.test_tui_app import SIZE, feedback_of, replies, say, until, until_correction_modal_takes_keys
 
     d = fake_daemon
     app = app_for(d.url)
@@ -296,7 +295,7 @@ async def test_after_a_correction_the_keys_rate_the_new_reply(fake_daemon, app_f
         first = await say(pilot, "what is two plus two")
         await pilot.press("shift+tab")  # from the prompt to the reply
         await pilot.press("c")
-        await until(pilot, lambda: isinstance(app.screen, CorrectionModal), what="the correction modal")
+        await until_correction_modal_takes_keys(pilot)
         await pilot.press(*"four", "enter")
         await until(pilot, lambda: len(replies(app)) == 2 and replies(app)[-1].state == "done", what="next reply")
         second = replies(app)[-1]

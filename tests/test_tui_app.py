@@ -52,6 +52,16 @@ async def until(pilot, predicate, timeout: float = 40.0, what: str = "condition"
         await pilot.pause(0.05)
 
 
+async def until_correction_modal_takes_keys(pilot) -> None:
+    """The modal is on screen a frame before its input has focus; keys typed in between are lost."""
+    app = pilot.app
+    await until(
+        pilot,
+        lambda: isinstance(app.screen, CorrectionModal) and app.focused is app.screen.query_one("#correction"),
+        what="the correction modal's input to take keys",
+    )
+
+
 def replies(app) -> list[ReplyMessage]:
     return list(app.screen.query(ReplyMessage))
 
@@ -116,7 +126,7 @@ async def test_thumbs_and_correction_reach_feedback(fake_daemon, app_for):
         assert reply.rating == "down"
 
         await pilot.press("c")
-        await until(pilot, lambda: isinstance(app.screen, CorrectionModal), what="the correction modal")
+        await until_correction_modal_takes_keys(pilot)
         await pilot.press(*"four", "enter")
         await until(pilot, lambda: len(replies(app)) == 2 and replies(app)[-1].state == "done", what="next reply")
         assert ("correction", "four") in feedback_of(d, reply.turn_id)
