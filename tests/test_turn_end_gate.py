@@ -1,4 +1,4 @@
-"""The eval gate refuses an adapter that changes how turns end (issue 15). Trained on the old
+"""The eval gate refuses an adapter that stops ending turns (issue 15). Trained on the old
 samples (the stop string's tokens kept, with r = −1), the demo's adapter stopped ending its
 turns and ran on into the hidden transcript; the direction and KL checks passed it. Here a real
 LoRA is trained by the real trainer on a tiny real GGUF model, once on such old samples and
@@ -99,7 +99,7 @@ def test_the_gate_refuses_an_adapter_trained_on_old_samples_and_passes_a_good_on
     assert end["end_rate_parent"] == 1.0
     assert end["end_rate"] < end["end_rate_parent"] - END_RATE_TOLERANCE, end
     assert not old["passed"]
-    assert old["refused"] == [r for r in old["refused"] if "changes how turns end" in r or "template" in r], old
+    assert old["refused"] == [r for r in old["refused"] if "stops ending turns" in r or "template" in r], old
     # The checks before this one (held-out direction, canary KL) would have passed it.
     assert old["gain"] > 0 and old["kl_to_base"] <= SETTINGS.kl_bound, old
 
@@ -113,6 +113,12 @@ def test_refusal_reasons_name_each_failed_check():
     ok = {"gain": 0.1, "kl_to_base": 0.01, "turn_end": {"end_rate_parent": 1.0, "end_rate": 1.0, "leaks": []}}
     assert refusals(ok, 0.5) == []
     assert refusals({**ok, "turn_end": {**ok["turn_end"], "end_rate": 0.96}}, 0.5) == []  # within 5 points
+    # More answers end: what a lesson for shorter answers does (seen on the 0.5B: the parent's
+    # two-sentence canary answer was cut by the room, the candidate's one sentence ended).
+    shorter = {**ok, "turn_end": {"end_rate_parent": 0.75, "end_rate": 1.0, "leaks": []}}
+    assert refusals(shorter, 0.5) == []
+    fewer = {**ok, "turn_end": {"end_rate_parent": 1.0, "end_rate": 0.75, "leaks": []}}
+    assert refusals(fewer, 0.5) == ["it stops ending turns (greedy canary answers that end: 75%, parent 100%)"]
     leak = {"canary": 0, "markers": ["The following is a conversation"], "answer": " Tokyo.\n\nThe following is a"}
     bad = {
         "gain": -0.1,

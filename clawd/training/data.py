@@ -39,7 +39,11 @@ class TurnEnd:
 
     stops: list[str] = field(default_factory=list)
     markers: list[str] = field(default_factory=list)
-    max_tokens: int = 32  # a canary answer is one short sentence: this is room enough to end
+    # Room for a whole answer to end, so that the check sees whether turns end, not how long
+    # answers are: at 32, Qwen2.5-0.5B-Instruct's two-sentence answer to a canary was cut, and a
+    # lesson that made it one sentence (a user asking for two) was refused for ending more often.
+    # Answers leave the batch when they end: the room costs only for answers that run on.
+    max_tokens: int = 128
 
 
 @dataclass

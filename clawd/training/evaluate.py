@@ -8,8 +8,8 @@ TrainingSettings, and promotion itself is clawd/adapters.py's job.
   RL part r · mean_i (ℓ_cand(a_i) − ℓ_active(a_i)); OPD part mean_i Σ_v A_v (ℓ_cand(v) −
   ℓ_active(v)), with A_v exactly the loss's advantage (teacher-minus-old, clipped, weighted).
 - Forgetting: mean per-token KL(candidate ‖ base) over the canary answers.
-- Turn ends: greedy canary answers, parent vs candidate, must end as often (within
-  END_RATE_TOLERANCE) and show no template text the parent did not.
+- Turn ends: greedy canary answers, parent vs candidate: the candidate's must end at least as
+  often (within END_RATE_TOLERANCE) and show no template text the parent's did not.
 - Capability canary: the fixed factual QA set (training/qa.py) answered greedily by the parent
   and the candidate; a candidate that loses more than training.qa_max_drop points is refused.
 - Probe: per-token Δ log-prob (candidate − base) on one sample, so the daemon can check the
@@ -254,11 +254,13 @@ def probe(lm, s: Sample, max_response: int = 64) -> dict:
     return {"prompt_ids": s.prompt_ids, "response_ids": s.response_ids, "delta": (cand - base).tolist()}
 
 
-# The gate's turn-end check: an adapter may change what the model says, never how its turns
-# end. Training on the stop string's tokens with r = −1 once cut the demo model's chance of
+# The gate's turn-end check: an adapter may change what the model says, never stop it ending its
+# turns. Training on the stop string's tokens with r = −1 once cut the demo model's chance of
 # ending its turn after the answer from 85% to 28%, and every answer then ran on into the
 # transcript's preamble; the direction and KL checks both passed it. 5 points: on the 4
-# canaries, any single answer that now ends differently is refused.
+# canaries, any single answer that no longer ends is refused. Only fewer ends are refused:
+# more ends is what a lesson for shorter answers does (a parent's answer cut by the room, the
+# candidate's shorter one ending), and a candidate that ends too soon loses QA answers and gain.
 END_RATE_TOLERANCE = 0.05
 
 
@@ -459,9 +461,9 @@ def refusals(gate: dict, kl_bound: float, qa_max_drop: float = 2.0) -> list[str]
         out.append(f"it drifts from the base model on the canaries (KL {gate['kl_to_base']:.4f} > {kl_bound})")
     end = gate.get("turn_end")
     if end:
-        if abs(end["end_rate"] - end["end_rate_parent"]) > END_RATE_TOLERANCE:
+        if end["end_rate"] < end["end_rate_parent"] - END_RATE_TOLERANCE:
             out.append(
-                f"it changes how turns end (greedy canary answers that end: {end['end_rate']:.0%}, "
+                f"it stops ending turns (greedy canary answers that end: {end['end_rate']:.0%}, "
                 f"parent {end['end_rate_parent']:.0%})"
             )
         if end["leaks"]:
