@@ -348,8 +348,14 @@ _LANGUAGE_ASK = re.compile(
 _YOU = r"^(?:but |and |so )?you(?:'ve)? "
 
 
+def _lowered(text: str) -> str:
+    """`text` with its first letter lowered to follow a verb, unless it starts an acronym ("UK
+    spelling" must not become "uK spelling")."""
+    return text if text[1:2].isupper() else text[:1].lower() + text[1:]
+
+
 def _lower_first(m: re.Match) -> str:
-    return m.group(1)[0].lower() + m.group(1)[1:]
+    return _lowered(m.group(1))
 
 
 _REWRITES = [  # each leaves a request that starts with a verb
@@ -428,7 +434,7 @@ def _as_instruction(sentence: str) -> str | None:
             if words[0] in _NOT_A_VERB or _PLEASE_TAIL.search(sentence):
                 if words[0] in ("no", "not", "is", "are", "i", "it", "you", "we", "this", "that"):
                     return None
-                text = "Use " + text[0].lower() + text[1:]
+                text = "Use " + _lowered(text)
     text = _EXPLANATION.sub("", text).rstrip(" ,;")
     if not text:
         return None

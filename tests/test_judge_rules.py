@@ -289,6 +289,8 @@ INSTRUCTIONS = [
     ("Thanks, but could you put the total at the top?", "Put the total at the top."),
     ("you should use metric units", "Use metric units."),
     ("Metric, please.", "Use metric."),
+    ("SI units, please.", "Use SI units."),  # an acronym keeps its capitals
+    ("as JSON please", "Give it as JSON."),
     ("That's not it. I need the dates in ISO format.", "Give the dates in ISO format."),
     ("Way too stiff. More casual, please.", "Make it more casual."),
     ("wrong format. as a table pls", "Give it as a table."),
