@@ -210,7 +210,9 @@ def instruction_following(d: Daemon) -> dict:
 
 
 # A refusal or a shrug: the user's form check may pass it, but it answers nothing.
-_REFUSAL = re.compile(r"\b(don'?t know|do not know|not sure|can(?:'|no)?t (?:help|answer|provide)|i'?m sorry)\b", re.I)
+_REFUSAL = re.compile(
+    r"\b(don['’]?t know|do not know|not sure|can(?:['’]|no)?t (?:help|answer|provide)|i['’]?m sorry)\b", re.I
+)
 
 
 def is_real_answer(answer: str, prompt: str) -> bool:

@@ -58,6 +58,7 @@ DETECTOR_CASES = [
     ({"kind": "sentences", "count": 2}, "**Lift.** Wings push air down.", True),  # emphasis after the dot
     ({"kind": "sentences", "count": 3}, 'It is called "retrogradation." The starch sets. It goes hard.', True),
     ({"kind": "sentences", "count": 2}, "Wings push air down. The air pushes", True),  # a cut tail is read too
+    ({"kind": "sentences", "count": 2}, "Ask Dr. Smith. He knows.", True),  # a title's dot ends nothing
     ({"kind": "starts_with", "phrases": ["in short"]}, "In short, rent first.", True),
     ({"kind": "starts_with", "phrases": ["in short"]}, "**In short:** rent first.", True),
     ({"kind": "starts_with", "phrases": ["in short"]}, "Rent first, in short.", False),
@@ -68,12 +69,17 @@ DETECTOR_CASES = [
     ({"kind": "british_spelling"}, "Sort the shelf by size.", True),  # no word to spell: passes
     ({"kind": "british_spelling"}, "Prioritize the big items first.", False),  # any -ize form
     ({"kind": "british_spelling"}, "Prioritise by size; a citizen's prize.", True),  # size, citizen, prize: no suffix
+    ({"kind": "british_spelling"}, "Resize it, downsizing the oversize box.", True),  # size compounds: same spelling
+    ({"kind": "british_spelling"}, "Emphasize the point.", False),  # ends in "size", but an -ize verb
+    ({"kind": "british_spelling"}, "The color's depth is recognizable.", False),  # possessive; -izable
+    ({"kind": "british_spelling"}, "They honored the organizational plan.", False),
     ({"kind": "no_first_person"}, "Tea suits a quiet morning.", True),
     ({"kind": "no_first_person"}, "I think tea is better.", False),
     ({"kind": "no_first_person"}, "Tea, in my view.", False),
     ({"kind": "no_first_person"}, "I’d pick tea.", False),  # a curly apostrophe too
     ({"kind": "no_first_person"}, "Ask the team, if it helps.", True),
     ({"kind": "no_first_person"}, "Tea is a gold mine of flavour.", True),  # "mine" the noun
+    ({"kind": "no_first_person"}, "Tea calms, i.e. it relaxes; disk I/O waits.", True),  # no pronoun "I"
 ]
 
 
@@ -103,6 +109,7 @@ LOADER_ERRORS = [
     ({"preference": {"checks": [{"kind": "max_words", "limit": 0}]}}, "limit >= 1"),
     ({"preference": {"checks": [{"kind": "sentences", "count": 0}]}}, "count >= 1"),
     ({"preference": {"checks": [{"kind": "starts_with", "phrases": ["..."]}]}}, "phrases with words"),
+    ({"preference": {"checks": [{"kind": "starts_with", "phrases": []}]}}, "at least one phrase"),
     ({"preference": {"checks": [{"kind": "no_markdown", "strict": True}]}}, "takes no strict"),
     ({"reactions": {"corrections": ["only one wording"], "approvals": ["Thanks."]}}, "at least 2"),
     ({"reactions": {"corrections": ["Too long.", "Shorter."]}}, "approvals"),

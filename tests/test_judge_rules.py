@@ -290,7 +290,7 @@ INSTRUCTIONS = [
     ("you should use metric units", "Use metric units."),
     ("Metric, please.", "Use metric."),
     ("SI units, please.", "Use SI units."),  # an acronym keeps its capitals
-    ("as JSON please", "Give it as JSON."),
+    ("UK spelling, please.", "Use UK spelling."),
     ("That's not it. I need the dates in ISO format.", "Give the dates in ISO format."),
     ("Way too stiff. More casual, please.", "Make it more casual."),
     ("wrong format. as a table pls", "Give it as a table."),

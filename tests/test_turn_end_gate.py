@@ -13,7 +13,7 @@ import pytest
 
 from clawd.config import TrainingSettings
 from clawd.training.data import Job, Sample, TurnEnd, write_job
-from clawd.training.evaluate import END_RATE_TOLERANCE, refusals
+from clawd.training.evaluate import END_RATE_TOLERANCE, end_rate, refusals
 
 PROMPTS = ("hi", "hello there", "what is it", "tell me more")
 OTHER_PROMPTS = ("good day", "so what", "why not", "and then")
@@ -129,3 +129,15 @@ def test_refusal_reasons_name_each_failed_check():
     assert len(why) == 4
     assert "gain" in why[0] and "KL" in why[1] and "25%" in why[2] and "100%" in why[2]
     assert "The following is a conversation" in why[3]
+
+
+def test_an_empty_answer_is_no_ended_turn():
+    # Ending at once is what a lesson for shorter answers pushes towards; it must not count as
+    # ending, or the one-sided check would let an adapter that says nothing through.
+    parent = [("Paris.", True), ("Red, blue and yellow.", True), ("Seven.", True), ("Honey.", True)]
+    assert end_rate(parent) == 1.0
+    assert end_rate([("", True), (" \n", True), ("Seven.", True), ("Honey, and", False)]) == 0.25
+    candidate = {"end_rate_parent": end_rate(parent), "end_rate": end_rate([("", True)] * 4), "leaks": []}
+    assert refusals({"gain": 0.1, "kl_to_base": 0.01, "turn_end": candidate}, 0.5) == [
+        "it stops ending turns (greedy canary answers that end: 0%, parent 100%)"
+    ]

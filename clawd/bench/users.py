@@ -75,14 +75,17 @@ def _lowercase() -> Callable[[str], bool]:
 
 
 # A sentence ends at . ! or ? (and any closing quote, bracket or Markdown emphasis right after
-# it) followed by a space or the end. "3.5" does not end one, nor the last dot of "e.g." / "i.e.".
+# it) followed by a space or the end. "3.5" does not end one, nor the last dot of "e.g." / "i.e.",
+# nor a title's dot ("Dr. Smith"). Not handled: initials ("J. K. Rowling") and a numbered list's
+# "1." count as ends, and "5 p.m." ending a sentence does not.
 _SENTENCE_END = re.compile(r"(?<!\b[a-z]\.[a-z])[.!?]+[\"'”’)\]*_]*(?=\s|$)", re.IGNORECASE)
+_TITLE = re.compile(r"\b(Dr|Mr|Mrs|Ms|Prof|St)\.(?=\s+[A-Z])")
 
 
 def sentence_count(text: str) -> int:
     """Sentences with at least one word; an unpunctuated tail (an answer cut at max_tokens, or
     one that never ends its last sentence) counts as one more: the user reads it."""
-    return sum(1 for part in _SENTENCE_END.split(text) if _words(part))
+    return sum(1 for part in _SENTENCE_END.split(_TITLE.sub(r"\1", text)) if _words(part))
 
 
 def _sentences(count: int) -> Callable[[str], bool]:
@@ -95,21 +98,27 @@ def _starts_with(phrases: list[str]) -> Callable[[str], bool]:
 
 
 # American spellings with a British variant that a general answer may use; any one fails the
-# check. Besides these words, every -ize / -yze form fails (organize, prioritize, analyzing...),
-# except words whose "iz" is no suffix (size, prize, seize...).
+# check (a possessive's "'s" aside). Besides these words, the -ize / -yze forms fail (organize,
+# prioritize, analyzing, recognizable, organizational...), except words whose "iz" is no suffix
+# and that British English spells the same (size and its compounds, prize, seize, capsize...).
 AMERICAN_SPELLINGS = frozenset(
-    "color colors colored coloring colorful favor favors favorite favorites flavor flavors flavored "
-    "flavorful neighbor neighbors neighborhood behavior behaviors behavioral honor humor labor harbor "
-    "rumor center centers centered centerpiece theater theaters liter liters gray cozy "
+    "color colors colored coloring colorful favor favors favored favorite favorites favorable flavor "
+    "flavors flavored flavoring flavorful neighbor neighbors neighboring neighborhood behavior behaviors "
+    "behavioral honor honors honored honoring humor labor labors harbor harbors rumor rumors center "
+    "centers centered centerpiece theater theaters liter liters gray cozy "
     "jewelry defense catalog fiber mold plow traveling traveled traveler travelers".split()
 )
-_IZE = re.compile(r"^[a-z]+(?:iz|yz)(?:e|es|ed|ing|ation|ations|er|ers)$")
-_NOT_IZE = frozenset("size sizes sized sizing prize prizes seize seized seizes seizing capsize maize baize".split())
+_IZE = re.compile(r"^[a-z]+(?:iz|yz)(?:e|es|ed|ing|ation|ations|ational|able|er|ers)$")
+# Named size compounds only: "emphasize" and "synthesize" end in "size" too.
+_NOT_IZE = re.compile(
+    r"^(?:(?:re|over|down|up|under|super|mid|king|life|bite|full|plus)?siz(?:e|es|ed|ing|er|able)"
+    r"|prize\w*|seiz\w*|capsiz\w*|maize|baize)$"
+)
 
 
 def _is_american(word: str) -> bool:
-    w = word.lower()
-    return w in AMERICAN_SPELLINGS or (bool(_IZE.match(w)) and w not in _NOT_IZE and not w.endswith("sized"))
+    w = re.sub(r"['’]s$", "", word.lower())
+    return w in AMERICAN_SPELLINGS or (bool(_IZE.match(w)) and not _NOT_IZE.match(w))
 
 
 def _british_spelling() -> Callable[[str], bool]:
@@ -120,8 +129,14 @@ def _british_spelling() -> Callable[[str], bool]:
 FIRST_PERSON = frozenset("i i'm i've i'd i'll me my myself".split())
 
 
+# "i.e." and "I/O" hold an "i" that is no pronoun.
+_NOT_PRONOUN = re.compile(r"\bi\.e\.|\bI/O\b", re.IGNORECASE)
+
+
 def _no_first_person() -> Callable[[str], bool]:
-    return lambda text: not any(w.lower().replace("’", "'") in FIRST_PERSON for w in _words(text))
+    return lambda text: (
+        not any(w.lower().replace("’", "'") in FIRST_PERSON for w in _words(_NOT_PRONOUN.sub(" ", text)))
+    )
 
 
 DETECTORS: dict[str, tuple[Callable[..., Callable[[str], bool]], dict[str, type]]] = {
@@ -207,6 +222,8 @@ def _check(spec, path) -> tuple[str, Callable[[str], bool]]:
         raise _fail(path, f"{kind} needs limit >= 1")
     if kind == "sentences" and args["count"] < 1:
         raise _fail(path, "sentences needs count >= 1")
+    if kind in ("ends_with", "starts_with") and not args["phrases"]:
+        raise _fail(path, f"{kind} needs at least one phrase")
     if kind == "ends_with" and not all(isinstance(p, str) and p.strip() for p in args["phrases"]):
         raise _fail(path, "ends_with needs non-empty phrases")
     if kind == "starts_with" and not all(isinstance(p, str) and _words(p) for p in args["phrases"]):

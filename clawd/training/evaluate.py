@@ -299,6 +299,12 @@ def greedy_answer(
     return lm.tokenizer.decode(out), False
 
 
+def end_rate(answers: list[tuple[str, bool]]) -> float:
+    """Share of (text, ended) answers that ended with something said: a turn ended before any
+    word is no answer, so a candidate taught to stop at once cannot pass for one that ends more."""
+    return sum(ended and text.strip() != "" for text, ended in answers) / len(answers) if answers else 0.0
+
+
 def turn_end_check(lm, canary: list[Sample], parent: dict, candidate: dict, turn_end: TurnEnd) -> dict:
     """Greedy canary answers under the parent and the candidate: end-of-turn rates, and template
     text the candidate shows where the parent did not (a parent that already leaks on a prompt
@@ -312,9 +318,6 @@ def turn_end_check(lm, canary: list[Sample], parent: dict, candidate: dict, turn
         answers[name] = batched if batched is not None else [greedy_answer(lm, p, turn_end) for p in prompts]
     set_lora_params(lm.model, candidate)
 
-    def rate(rows):
-        return sum(ended for _, ended in rows) / len(rows) if rows else 0.0
-
     def shown(text: str) -> list[str]:
         return [m for m in turn_end.markers if m and m in text]
 
@@ -324,8 +327,8 @@ def turn_end_check(lm, canary: list[Sample], parent: dict, candidate: dict, turn
         if (new := [m for m in shown(cand) if m not in shown(par)])
     ]
     return {
-        "end_rate_parent": rate(answers["parent"]),
-        "end_rate": rate(answers["candidate"]),
+        "end_rate_parent": end_rate(answers["parent"]),
+        "end_rate": end_rate(answers["candidate"]),
         "leaks": leaks,
         "answers": [a for a, _ in answers["candidate"]],
     }
