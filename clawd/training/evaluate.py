@@ -260,7 +260,7 @@ def probe(lm, s: Sample, max_response: int = 64) -> dict:
 # transcript's preamble; the direction and KL checks both passed it. 5 points: on the 4
 # canaries, any single answer that no longer ends is refused. Only fewer ends are refused:
 # more ends is what a lesson for shorter answers does (a parent's answer cut by the room, the
-# candidate's shorter one ending), and a candidate that ends too soon loses QA answers and gain.
+# candidate's shorter one ending); an answer ended before any word counts as not ended (end_rate).
 END_RATE_TOLERANCE = 0.05
 
 
