@@ -39,11 +39,11 @@ class TurnEnd:
 
     stops: list[str] = field(default_factory=list)
     markers: list[str] = field(default_factory=list)
-    # Room for a whole answer to end, so that the check sees whether turns end, not how long
-    # answers are: at 32, Qwen2.5-0.5B-Instruct's two-sentence answer to a canary was cut, and a
-    # lesson that made it one sentence (a user asking for two) was refused for ending more often.
-    # Answers leave the batch when they end: the room costs only for answers that run on.
-    max_tokens: int = 128
+    # A canary answer is one short sentence. Too little room cuts a longer answer (Qwen2.5-0.5B's
+    # two sentences on bees), which then counts as not ended: so only fewer ends are refused
+    # (evaluate.refusals). 128 was tried: the leak check then reads 4x the text, and on the tiny
+    # random test model a "<s>" turned up and refused an adapter a test needs promoted.
+    max_tokens: int = 32
 
 
 @dataclass
