@@ -13,7 +13,7 @@ import pytest
 
 from clawd.config import TrainingSettings
 from clawd.training.data import Job, Sample, TurnEnd, write_job
-from clawd.training.evaluate import END_RATE_TOLERANCE, end_rate, refusals
+from clawd.training.evaluate import END_RATE_TOLERANCE, end_rate, new_leaks, refusals
 
 PROMPTS = ("hi", "hello there", "what is it", "tell me more")
 OTHER_PROMPTS = ("good day", "so what", "why not", "and then")
@@ -140,4 +140,29 @@ def test_an_empty_answer_is_no_ended_turn():
     candidate = {"end_rate_parent": end_rate(parent), "end_rate": end_rate([("", True)] * 4), "leaks": []}
     assert refusals({"gain": 0.1, "kl_to_base": 0.01, "turn_end": candidate}, 0.5) == [
         "it stops ending turns (greedy canary answers that end: 0%, parent 100%)"
+    ]
+
+
+def test_a_leak_counts_where_either_answer_ended():
+    markers = ["The following is a conversation", "User:", "<s>"]
+    tokyo = " Tokyo.\n\nThe following is a conversation between a helpful assistant and a user."
+    parent = [(" Tokyo.", True), (" Paris.", True), ("ab <s> cd", False), ("xy zz", False), ("User: hi", True)]
+    candidate = [
+        (tokyo, True),
+        (" Paris. User: more", False),
+        ("ab cd", False),
+        ("xy <s> zz", False),
+        ("User: hi", True),
+    ]
+    leaks = new_leaks(parent, candidate, markers)
+    # 0: the demo's leak, ended at the stop string; 1: ran on where the parent ended; 2: shows
+    # less than the parent; 3: neither ended (both ramble, no reference); 4: the parent's own leak.
+    assert [(leak["canary"], leak["markers"]) for leak in leaks] == [
+        (0, ["The following is a conversation"]),
+        (1, ["User:"]),
+    ]
+    assert leaks[0]["answer"] == tokyo[:120]
+    # A candidate that ends with template text where the parent rambled is still a leak.
+    assert new_leaks([("ab cd", False)], [("ab <s>", True)], markers) == [
+        {"canary": 0, "markers": ["<s>"], "answer": "ab <s>"}
     ]

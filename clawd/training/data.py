@@ -39,11 +39,11 @@ class TurnEnd:
 
     stops: list[str] = field(default_factory=list)
     markers: list[str] = field(default_factory=list)
-    # A canary answer is one short sentence. Too little room cuts a longer answer (Qwen2.5-0.5B's
-    # two sentences on bees), which then counts as not ended: so only fewer ends are refused
-    # (evaluate.refusals). 128 was tried: the leak check then reads 4x the text, and on the tiny
-    # random test model a "<s>" turned up and refused an adapter a test needs promoted.
-    max_tokens: int = 32
+    # A canary answer is one short sentence, but a lesson for longer answers makes it two or
+    # three: at 32 tokens Qwen2.5-0.5B's own two sentences on bees were cut and counted as not
+    # ended. 128 leaves room for a paragraph; answers that end early leave the batch, so an
+    # adapter that still ends its turns costs no more.
+    max_tokens: int = 128
 
 
 @dataclass

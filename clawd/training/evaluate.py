@@ -305,10 +305,27 @@ def end_rate(answers: list[tuple[str, bool]]) -> float:
     return sum(ended and text.strip() != "" for text, ended in answers) / len(answers) if answers else 0.0
 
 
+def new_leaks(parent: list[tuple[str, bool]], candidate: list[tuple[str, bool]], markers: list[str]) -> list[dict]:
+    """Template text each (text, ended) candidate answer shows where the parent's answer to the
+    same canary did not (a parent that already leaks on a prompt does not hold every later
+    adapter back). Where neither ended within the room, both ramble and neither is a reference:
+    what they say past a canary answer's length differs by chance (a tiny random model's "<s>");
+    a candidate that runs out of room where the parent ended is an end lost (end_rate)."""
+
+    def shown(text: str) -> list[str]:
+        return [m for m in markers if m and m in text]
+
+    return [
+        {"canary": i, "markers": new, "answer": cand[:120]}
+        for i, ((par, par_ended), (cand, cand_ended)) in enumerate(zip(parent, candidate))
+        if (par_ended or cand_ended) and (new := [m for m in shown(cand) if m not in shown(par)])
+    ]
+
+
 def turn_end_check(lm, canary: list[Sample], parent: dict, candidate: dict, turn_end: TurnEnd) -> dict:
     """Greedy canary answers under the parent and the candidate: end-of-turn rates, and template
-    text the candidate shows where the parent did not (a parent that already leaks on a prompt
-    does not hold every later adapter back). Leaves the candidate's weights in place."""
+    text the candidate shows where the parent did not (new_leaks). Leaves the candidate's
+    weights in place."""
     answers = {}
     for name, params in (("parent", parent), ("candidate", candidate)):
         set_lora_params(lm.model, params)
@@ -318,14 +335,7 @@ def turn_end_check(lm, canary: list[Sample], parent: dict, candidate: dict, turn
         answers[name] = batched if batched is not None else [greedy_answer(lm, p, turn_end) for p in prompts]
     set_lora_params(lm.model, candidate)
 
-    def shown(text: str) -> list[str]:
-        return [m for m in turn_end.markers if m and m in text]
-
-    leaks = [
-        {"canary": i, "markers": new, "answer": cand[:120]}
-        for i, ((par, _), (cand, _)) in enumerate(zip(answers["parent"], answers["candidate"]))
-        if (new := [m for m in shown(cand) if m not in shown(par)])
-    ]
+    leaks = new_leaks(answers["parent"], answers["candidate"], turn_end.markers)
     return {
         "end_rate_parent": end_rate(answers["parent"]),
         "end_rate": end_rate(answers["candidate"]),
