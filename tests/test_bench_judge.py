@@ -250,3 +250,64 @@ def test_cli_refuses_limit_with_sample(tmp_path):
         timeout=60,
     )
     assert p.returncode == 1 and "not both" in p.stderr
+
+
+def _judge_ensemble():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("judge_ensemble", ROOT / "benchmarks" / "judge_ensemble.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_judge_ensembles_combine_rules_and_log_probs_as_documented():
+    ens = _judge_ensemble()
+    leans_minus = {"-1": -0.2, "0": -2.0, "1": -2.5}  # -1 by 1.8 nats
+    barely_plus = {"-1": -1.3, "0": -1.5, "1": -1.0}  # +1 by 0.3 nats
+    assert ens.llm_choice(leans_minus, 1.0) == -1 and ens.llm_choice(barely_plus, 0.5) is None
+    # cascade: the rules first, the LLM only where they are undecided and it leads by the margin
+    assert ens.cascade(1, leans_minus, 0.0) == 1
+    assert ens.cascade(None, leans_minus, 1.0) == -1 and ens.cascade(None, barely_plus, 0.5) is None
+    # agree: a verdict only where both say the same
+    assert (
+        ens.agree(-1, leans_minus) == -1 and ens.agree(1, leans_minus) is None and ens.agree(None, barely_plus) is None
+    )
+    # veto: the rules' verdict unless the LLM says the opposite sign by the margin
+    assert ens.veto(1, leans_minus, 1.0) is None and ens.veto(1, leans_minus, 2.0) == 1
+    assert ens.veto(-1, barely_plus, 0.0) is None and ens.veto(0, leans_minus, 0.0) == 0
+
+
+def test_judge_ensemble_reads_only_runs_with_the_llm_alone(tmp_path, capsys):
+    ens = _judge_ensemble()
+    lp = {"-1": -0.1, "0": -3.0, "1": -4.0}
+    item = {"split": "dev", "votes": [], "seconds": 0.0, "error": None}
+    results = {
+        "runs": {
+            "both": {
+                "outcomes": [
+                    {**item, "judge": "rules", "id": "a", "label": -1, "score": None, "logprobs": None},
+                    {**item, "judge": "likelihood:x", "id": "a", "label": -1, "score": -1, "logprobs": lp},
+                    {**item, "judge": "rules", "id": "b", "label": 1, "score": 1, "logprobs": None},
+                    {**item, "judge": "likelihood:x", "id": "b", "label": 1, "score": -1, "logprobs": lp},
+                ]
+            },
+            "cascade-only": {
+                "outcomes": [
+                    {**item, "judge": "rules", "id": "a", "label": -1, "score": None, "logprobs": None},
+                    {**item, "judge": "rules>likelihood:x", "id": "a", "label": -1, "score": -1, "logprobs": lp},
+                ]
+            },
+        }
+    }
+    runs = ens.runs_with_logprobs(results)
+    assert list(runs) == ["both"] and runs["both"][0] == "likelihood:x"
+    assert [(i["label"], i["rules"]) for i in runs["both"][1]] == [(-1, None), (1, 1)]
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(results))
+    assert ens.main(["--results", str(path), "--margins", "1"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    # cascade 1: item a from the LLM (-1, right), item b from the rules (+1, right): all right.
+    assert [line.split()[:3] for line in out if line.strip().startswith("cascade")] == [["cascade", "1", "100.0"]]
+    # veto 1: the LLM's -1 by 2.9 nats vetoes the rules' +1 on b; a stays undecided.
+    assert [line.split()[2] for line in out if line.strip().startswith("veto")] == ["0.0"]
