@@ -146,7 +146,7 @@ def test_an_empty_answer_is_no_ended_turn():
 def test_a_leak_counts_where_either_answer_ended():
     markers = ["The following is a conversation", "User:", "<s>"]
     tokyo = " Tokyo.\n\nThe following is a conversation between a helpful assistant and a user."
-    parent = [(" Tokyo.", True), (" Paris.", True), ("ab <s> cd", False), ("xy zz", False), ("User: hi", True)]
+    parent = [(" Tokyo.", True), (" Paris.", True), ("ab <s> cd", True), ("xy zz", False), ("User: hi", True)]
     candidate = [
         (tokyo, True),
         (" Paris. User: more", False),
@@ -161,7 +161,10 @@ def test_a_leak_counts_where_either_answer_ended():
         (0, ["The following is a conversation"]),
         (1, ["User:"]),
     ]
-    assert leaks[0]["answer"] == tokyo[:120]
+    assert leaks[0]["answer"] == tokyo  # shorter than the excerpt around the marker
+    far = "x" * 500 + "User: more" + "y" * 500
+    (leak,) = new_leaks([("Paris.", True)], [(far, False)], markers)
+    assert leak["answer"] == "x" * 60 + "User:" + " more" + "y" * 55  # the marker, however deep
     # A candidate that ends with template text where the parent rambled is still a leak.
     assert new_leaks([("ab cd", False)], [("ab <s>", True)], markers) == [
         {"canary": 0, "markers": ["<s>"], "answer": "ab <s>"}

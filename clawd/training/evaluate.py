@@ -315,8 +315,12 @@ def new_leaks(parent: list[tuple[str, bool]], candidate: list[tuple[str, bool]],
     def shown(text: str) -> list[str]:
         return [m for m in markers if m and m in text]
 
+    def around(text: str, marker: str) -> str:  # the leak itself, however far into the answer
+        at = text.find(marker)
+        return text[max(0, at - 60) : at + len(marker) + 60]
+
     return [
-        {"canary": i, "markers": new, "answer": cand[:120]}
+        {"canary": i, "markers": new, "answer": around(cand, new[0])}
         for i, ((par, par_ended), (cand, cand_ended)) in enumerate(zip(parent, candidate))
         if (par_ended or cand_ended) and (new := [m for m in shown(cand) if m not in shown(par)])
     ]
