@@ -29,15 +29,14 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from clawd.bench.judge_scoring import figures  # noqa: E402
+from clawd.judge import likelihood_choice  # noqa: E402
 
 Verdict = int | None
 
 
 def llm_choice(logprobs: dict[str, float], margin: float) -> Verdict:
-    """The verdict with the highest log-prob, or None when it leads the runner-up by less than
-    `margin` nats."""
-    ranked = sorted(((lp, int(v)) for v, lp in logprobs.items()), reverse=True)
-    return ranked[0][1] if ranked[0][0] - ranked[1][0] >= margin else None
+    """The likelihood judge's verdict from its stored log-probs (JSON keys the verdicts as text)."""
+    return likelihood_choice({int(v): lp for v, lp in logprobs.items()}, margin)
 
 
 def cascade(rules: Verdict, logprobs: dict[str, float], margin: float) -> Verdict:

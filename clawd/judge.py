@@ -356,6 +356,13 @@ class Scorer(Protocol):
     async def logprob(self, messages: list[dict], completion: str) -> float: ...
 
 
+def likelihood_choice(logprobs: dict[int, float], margin: float) -> int | None:
+    """The verdict with the highest log-prob, or None when it beats the runner-up by less than
+    `margin` nats (a near tie is no decision)."""
+    best, second = sorted(logprobs, key=logprobs.get, reverse=True)[:2]
+    return best if logprobs[best] - logprobs[second] >= margin else None
+
+
 class LikelihoodJudge(LLMJudge):
     """The evaluative judge by likelihood instead of free text: log p(\\boxed{v} | prompt)
     for v = -1, 0, 1, one scoring pass each (the prompt's cache is shared); the most likely
@@ -376,8 +383,8 @@ class LikelihoodJudge(LLMJudge):
     async def evaluate(self, inp: JudgeInput) -> Verdict:
         messages = evaluative_messages(inp)
         logprobs = {v: await self._logprob(messages, text) for v, text in VERDICT_TEXTS.items()}
-        best, second = sorted(logprobs, key=logprobs.get, reverse=True)[:2]
-        if logprobs[best] - logprobs[second] < self.margin:
+        best = likelihood_choice(logprobs, self.margin)
+        if best is None:
             return Verdict(0, [None], self.completer.source, logprobs)
         return Verdict(best, [best], self.completer.source, logprobs)
 
