@@ -1,6 +1,7 @@
 """The learning benchmark end to end on the real embedded 270M model (slow): one user, one
 method, two optimizer steps, a tiny budget — so the harness cannot rot. It must drive a real
-daemon through sessions, mining, a training run and the gate, and write its three outputs."""
+daemon through sessions, mining, a training run and the gate, and write its three outputs. And
+(fast, tiny GGUF): the teacher column asks the teacher model when the run names one."""
 
 from __future__ import annotations
 
@@ -69,3 +70,22 @@ def test_short_learning_run_writes_json_table_and_plot(tmp_path):
     if importlib.util.find_spec("matplotlib") is None:
         return  # the plot is optional (the bench extra)
     assert (out / "compliance.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_teacher_column_asks_the_teacher_model_when_the_run_names_one(tmp_path):
+    """With training.teacher = "model:PATH" the OPD teacher is that model, so the "base + hint"
+    column must be its hinted answers, not the served student's (a daemon of its own serves it)."""
+    from clawd.bench.learning import Budget, daemon_settings, measure_teacher_model, teacher_gguf
+    from clawd.bench.users import resolve_user
+    from tests.tiny_models import build_tiny_gguf
+
+    teacher = build_tiny_gguf(tmp_path / "tiny-teacher.gguf", seed=11, n_layer=3, n_embd=96, n_ff=192)
+    budget = Budget(eval_prompts=2, max_tokens=4, extra={"CLAWD_TRAINING_TEACHER": f"model:{teacher}"})
+    assert teacher_gguf(daemon_settings("hybrid", budget)) == teacher
+    assert teacher_gguf(daemon_settings("hybrid", Budget())) is None  # the served base teaches
+    assert teacher_gguf(daemon_settings("hybrid-self", Budget())) is None  # the policy teaches
+
+    point = measure_teacher_model(teacher, resolve_user("signoff"), budget, tmp_path / "teacher-home")
+    assert point["model"] == "tiny-teacher"
+    assert len(point["answers"]) == 2 and all("[user's hint / instruction]" in a["prompt"] for a in point["answers"])
+    assert 0 <= point["greedy"] <= 1 and 0 <= point["sampled"] <= 1

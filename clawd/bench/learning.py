@@ -28,7 +28,9 @@ defines the ablations; the `-self` variants also make the active adapter (each r
 the hinted teacher (training.teacher = policy) instead of the frozen base; `union` (hybrid)
 and `opd-union` score OPD on the student's top-k ∪ the teacher's (training.opd_support = union). Before training,
 each arm also asks the held-out messages with the user's correction as a hint (the teacher's
-context): how often the hinted base complies bounds what distillation can teach.
+context): how often the hinted teacher complies bounds what distillation can teach. The teacher is
+the served base, or, with training.teacher = "model:PATH" (`--set`), that model, served on its own
+for this measurement (once per user: it is the same for every method and seed).
 
 Results: JSON (everything, incl. every answer), a Markdown table and a PNG plot in --out;
 `--merge` pools the results.json of earlier runs (more seeds or methods) into one. Seeds fix
@@ -125,6 +127,21 @@ def daemon_settings(method: str, budget: Budget) -> dict[str, str]:
 
 def _say(*parts) -> None:
     print(*parts, flush=True)
+
+
+def teacher_gguf(settings: dict[str, str]) -> Path | None:
+    """The GGUF that teaches when the daemon's settings name one (training.teacher =
+    "model:PATH"); None when the teacher is the served model (base or policy)."""
+    teacher = settings.get("CLAWD_TRAINING_TEACHER", "base")
+    return Path(teacher.removeprefix("model:")).expanduser() if teacher.startswith("model:") else None
+
+
+def measure_teacher_model(gguf: Path, user: SimulatedUser, budget: Budget, home: Path) -> dict:
+    """The hinted compliance of a teacher model that is not the served one: a daemon of its own
+    serves it (the bench's daemon serves the student), asked exactly as the student is."""
+    with Daemon(home, {"CLAWD_TRAINING_AUTO": "0", "CLAWD_LOG_LEVEL": "warning"}, model=gguf) as t:
+        point = measure(t, user, budget, "teacher", hinted=teacher_context)
+        return {**point, "model": t.model_id}
 
 
 def teacher_context(prompt: str, hint: str) -> list[dict]:
@@ -245,9 +262,11 @@ def run_arm(
     model: Path | None,
     shared_cache: Path,
     save: Callable[[], object],
+    teachers: dict | None = None,
 ) -> dict:
     """Fill `arm` (user, method, seed set) in place; `save()` after each measurement, so a
-    run cut short (time cap, SIGTERM) still has every point it measured on disk."""
+    run cut short (time cap, SIGTERM) still has every point it measured on disk. `teachers`
+    keeps a teacher model's measurement per user across arms (it is deterministic)."""
     method, seed = arm["method"], arm["seed"]
     tag = f"[{user.name} {method} seed {seed}]"
     t0 = time.perf_counter()
@@ -255,13 +274,22 @@ def run_arm(
     (home / "cache").symlink_to(shared_cache)  # dequantized weights and the BLAS shim, built once
     arm.update(curve=[], rounds=[], sessions=[], stopped=None, home=str(home))
     tasks = user.session_tasks(budget.max_sessions, seed)
-    with Daemon(home, daemon_settings(method, budget), model=model) as d:
+    settings = daemon_settings(method, budget)
+    gguf = teacher_gguf(settings)
+    if gguf is not None:  # before the student's daemon starts: one model in memory at a time
+        teachers = {} if teachers is None else teachers
+        key = (user.name, str(gguf))
+        if key not in teachers:
+            teachers[key] = measure_teacher_model(gguf, user, budget, home / "teacher")
+        arm["teacher"] = teachers[key]
+    with Daemon(home, settings, model=model) as d:
         arm["curve"].append(measure(d, user, budget, 0))
-        arm["teacher"] = measure(d, user, budget, "teacher", hinted=teacher_context)
+        if gguf is None:
+            arm["teacher"] = measure(d, user, budget, "teacher", hinted=teacher_context)
         _say(
             f"{tag} before: greedy {arm['curve'][0]['greedy']:.0%}, sampled {arm['curve'][0]['sampled']:.0%}; "
-            f"the base with the user's hint: {report.fmt(arm['teacher']['greedy'])}, "
-            f"{report.fmt(arm['teacher']['sampled'])}"
+            f"the {'teacher ' + arm['teacher']['model'] if gguf else 'base'} with the user's hint: "
+            f"{report.fmt(arm['teacher']['greedy'])}, {report.fmt(arm['teacher']['sampled'])}"
         )
         save()
         steps = 0
@@ -467,6 +495,7 @@ def _run(args, argv: list[str]) -> int:
         results["config"]["model"] = model.name
         shared_cache = work / "shared-cache"
         shared_cache.mkdir()
+        teachers: dict = {}
         for user in users:
             for seed in seeds:
                 for method in methods:
@@ -481,6 +510,7 @@ def _run(args, argv: list[str]) -> int:
                         model,
                         shared_cache,
                         save=lambda: _write(results, out, elapsed=time.perf_counter() - t0),
+                        teachers=teachers,
                     )
     except BaseException as e:  # a failed daemon, Ctrl-C, SIGTERM: keep what was measured, say why it stopped
         results["error"] = getattr(e, "message", None) or f"{type(e).__name__} {e}".strip()

@@ -110,8 +110,9 @@ def markdown(results: dict) -> str:
     lines = [
         "Compliance on held-out first messages, greedy / sampled (T = "
         f'{results["config"]["eval_temperature"]}); means over seeds. "–": training did not get that far. '
-        "Base + hint: the base model asked with the user's correction as a hint, the teacher's context "
-        "(for the -self methods, their teacher before the first run).",
+        "Base + hint: the teacher asked with the user's correction as a hint, the teacher's context: the "
+        "base model, or training.teacher's model where the run set one (for the -self methods, their "
+        "teacher before the first run).",
         "",
         head,
         "|" + "---|" * (head.count("|") - 1),
