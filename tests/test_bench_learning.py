@@ -9,6 +9,7 @@ import importlib.util
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -89,3 +90,56 @@ def test_the_teacher_column_asks_the_teacher_model_when_the_run_names_one(tmp_pa
     assert point["model"] == "tiny-teacher"
     assert len(point["answers"]) == 2 and all("[user's hint / instruction]" in a["prompt"] for a in point["answers"])
     assert 0 <= point["greedy"] <= 1 and 0 <= point["sampled"] <= 1
+
+
+def test_an_arm_asks_a_teacher_model_once_per_user_and_never_hints_the_student(tmp_path, monkeypatch):
+    """The wiring in run_arm, with the daemon and the measurement faked (the real ones are the
+    test above and the slow run): two methods of one user with a teacher model measure the
+    teacher once, in a daemon serving the teacher, and ask the student only bare prompts."""
+    from clawd.bench import learning
+    from clawd.bench.users import resolve_user
+
+    asked: list[tuple[str, str | int, bool]] = []
+
+    class FakeDaemon:
+        def __init__(self, home, settings, *, model=None):
+            self.model_id = Path(model).stem
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+    def fake_measure(d, user, budget, step, hinted=None, hint_source="judge"):
+        asked.append((d.model_id, step, hinted is not None))
+        return {"step": step, "greedy": 0.5, "sampled": 0.25, "answers": []}
+
+    monkeypatch.setattr(learning, "Daemon", FakeDaemon)
+    monkeypatch.setattr(learning, "measure", fake_measure)
+    teacher = tmp_path / "big-teacher.gguf"
+    budget = learning.Budget(steps=0, extra={"CLAWD_TRAINING_TEACHER": f"model:{teacher}"})
+    user, teachers, arms = resolve_user("signoff"), {}, []
+    for method in ("hybrid", "opd"):
+        arm = {"user": user.name, "method": method, "seed": 0}
+        learning.run_arm(
+            arm, user, budget, tmp_path / method, tmp_path / "student.gguf", tmp_path, lambda: None, teachers
+        )
+        arms.append(arm)
+
+    assert asked == [
+        ("big-teacher", "teacher", True),  # once, before the first arm's student daemon
+        ("student", 0, False),
+        ("student", 0, False),
+    ]
+    assert all(a["teacher"]["model"] == "big-teacher" for a in arms)
+
+
+def test_a_teacher_model_with_a_self_method_is_refused(tmp_path):
+    """-self methods teach with the active adapter; a --set teacher would silently replace it."""
+    proc = subprocess.run(
+        [sys.executable, "benchmarks/learning.py", "--users", "terse", "--methods", "hybrid,hybrid-self",
+         "--set", "CLAWD_TRAINING_TEACHER=model:/x.gguf", "--out", str(tmp_path / "out")],
+        cwd=ROOT, env=make_env(tmp_path / "home"), capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 1 and "conflicts with hybrid-self" in proc.stderr, proc.stderr

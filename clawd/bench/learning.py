@@ -138,10 +138,13 @@ def teacher_gguf(settings: dict[str, str]) -> Path | None:
 
 def measure_teacher_model(gguf: Path, user: SimulatedUser, budget: Budget, home: Path) -> dict:
     """The hinted compliance of a teacher model that is not the served one: a daemon of its own
-    serves it (the bench's daemon serves the student), asked exactly as the student is."""
-    with Daemon(home, {"CLAWD_TRAINING_AUTO": "0", "CLAWD_LOG_LEVEL": "warning"}, model=gguf) as t:
+    serves it (the bench's daemon serves the student), with the run's other settings, asked
+    exactly as the student is."""
+    t0 = time.perf_counter()
+    served_as = {k: v for k, v in budget.extra.items() if k != "CLAWD_TRAINING_TEACHER"}
+    with Daemon(home, {**served_as, "CLAWD_TRAINING_AUTO": "0", "CLAWD_LOG_LEVEL": "warning"}, model=gguf) as t:
         point = measure(t, user, budget, "teacher", hinted=teacher_context)
-        return {**point, "model": t.model_id}
+        return {**point, "model": t.model_id, "seconds": time.perf_counter() - t0}
 
 
 def teacher_context(prompt: str, hint: str) -> list[dict]:
@@ -269,7 +272,6 @@ def run_arm(
     keeps a teacher model's measurement per user across arms (it is deterministic)."""
     method, seed = arm["method"], arm["seed"]
     tag = f"[{user.name} {method} seed {seed}]"
-    t0 = time.perf_counter()
     home.mkdir(parents=True)
     (home / "cache").symlink_to(shared_cache)  # dequantized weights and the BLAS shim, built once
     arm.update(curve=[], rounds=[], sessions=[], stopped=None, home=str(home))
@@ -282,6 +284,9 @@ def run_arm(
         if key not in teachers:
             teachers[key] = measure_teacher_model(gguf, user, budget, home / "teacher")
         arm["teacher"] = teachers[key]
+    # The arm's clock starts here: the teacher model's measurement (once per user, in its
+    # "seconds") would otherwise make one arm per user look slower and leave it less time.
+    t0 = time.perf_counter()
     with Daemon(home, settings, model=model) as d:
         arm["curve"].append(measure(d, user, budget, 0))
         if gguf is None:
@@ -456,6 +461,13 @@ def _run(args, argv: list[str]) -> int:
         raise ConfigError(f"--seeds wants integers, got {args.seeds!r}") from None
     if min(args.steps, args.batch, args.epochs, args.eval_prompts, args.max_tokens) < 1:
         raise ConfigError("--steps, --batch, --epochs, --eval-prompts and --max-tokens must be at least 1")
+    extra = _settings(args.set)
+    if "CLAWD_TRAINING_TEACHER" in extra and any("teacher" in METHODS[m] for m in methods):
+        # --set comes last and would quietly turn hybrid-self / opd-self into hybrid / opd.
+        raise ConfigError(
+            f"--set CLAWD_TRAINING_TEACHER conflicts with {', '.join(m for m in methods if 'teacher' in METHODS[m])}, "
+            "whose teacher is the active adapter; run those without it"
+        )
     budget = Budget(
         steps=args.steps,
         batch=args.batch,
@@ -467,7 +479,7 @@ def _run(args, argv: list[str]) -> int:
         holdout=args.holdout,
         temperature=args.temperature,
         arm_minutes=args.arm_minutes,
-        extra=_settings(args.set),
+        extra=extra,
     )
     out = args.out or Path("bench-results") / time.strftime("learning-%Y%m%d-%H%M%S")
     out.mkdir(parents=True, exist_ok=True)

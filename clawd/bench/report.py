@@ -103,14 +103,14 @@ def group(summaries: list[dict]) -> list[dict]:
 def markdown(results: dict) -> str:
     grouped = group([summarize(a) for a in results["arms"]])
     head = (
-        "| user | method | seeds | compliance before | base + hint (teacher) | after 4 steps | after 8 steps "
+        "| user | method | seeds | compliance before | teacher + hint | after 4 steps | after 8 steps "
         "| after 16 steps | at the end (steps) | sessions to criterion | training-session compliance "
         "| canary KL to base (bound) | runs refused |"
     )
     lines = [
         "Compliance on held-out first messages, greedy / sampled (T = "
         f'{results["config"]["eval_temperature"]}); means over seeds. "–": training did not get that far. '
-        "Base + hint: the teacher asked with the user's correction as a hint, the teacher's context: the "
+        "Teacher + hint: the teacher asked with the user's correction as a hint, the teacher's context: the "
         "base model, or training.teacher's model where the run set one (for the -self methods, their "
         "teacher before the first run).",
         "",
