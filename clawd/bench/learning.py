@@ -269,7 +269,8 @@ def run_arm(
 ) -> dict:
     """Fill `arm` (user, method, seed set) in place; `save()` after each measurement, so a
     run cut short (time cap, SIGTERM) still has every point it measured on disk. `teachers`
-    keeps a teacher model's measurement per user across arms (it is deterministic)."""
+    keeps a teacher model's measurement per user across arms: the same model, prompts and seeds
+    for every method and seed, so asking again would only repeat it."""
     method, seed = arm["method"], arm["seed"]
     tag = f"[{user.name} {method} seed {seed}]"
     home.mkdir(parents=True)
