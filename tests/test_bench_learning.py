@@ -74,7 +74,7 @@ def test_short_learning_run_writes_json_table_and_plot(tmp_path):
 
 
 def test_the_teacher_column_asks_the_teacher_model_when_the_run_names_one(tmp_path):
-    """With training.teacher = "model:PATH" the OPD teacher is that model, so the "base + hint"
+    """With training.teacher = "model:PATH" the OPD teacher is that model, so the "teacher + hint"
     column must be its hinted answers, not the served student's (a daemon of its own serves it)."""
     from clawd.bench.learning import Budget, daemon_settings, measure_teacher_model, teacher_gguf
     from clawd.bench.users import resolve_user

@@ -54,12 +54,14 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from clawd import teacher_model
 from clawd.bench import report
 from clawd.bench.daemon import Daemon
 from clawd.bench.users import SimulatedUser, resolve_user, shipped_users, unseen_users
 from clawd.errors import ClawdError, ConfigError
 from clawd.judge import JudgeInput
 from clawd.judge_rules import RulesJudge
+from clawd.model_registry import second_model_path
 from clawd.served import teacher_messages
 
 # METHOD.md §5: an ablation is a loss weight, nothing else.
@@ -133,7 +135,9 @@ def teacher_gguf(settings: dict[str, str]) -> Path | None:
     """The GGUF that teaches when the daemon's settings name one (training.teacher =
     "model:PATH"); None when the teacher is the served model (base or policy)."""
     teacher = settings.get("CLAWD_TRAINING_TEACHER", "base")
-    return Path(teacher.removeprefix("model:")).expanduser() if teacher.startswith("model:") else None
+    if not teacher.startswith(teacher_model.PREFIX):
+        return None
+    return second_model_path(teacher.removeprefix(teacher_model.PREFIX).strip(), None, role="teacher")
 
 
 def measure_teacher_model(gguf: Path, user: SimulatedUser, budget: Budget, home: Path) -> dict:
@@ -265,7 +269,7 @@ def run_arm(
     model: Path | None,
     shared_cache: Path,
     save: Callable[[], object],
-    teachers: dict | None = None,
+    teachers: dict,
 ) -> dict:
     """Fill `arm` (user, method, seed set) in place; `save()` after each measurement, so a
     run cut short (time cap, SIGTERM) still has every point it measured on disk. `teachers`
@@ -280,7 +284,6 @@ def run_arm(
     settings = daemon_settings(method, budget)
     gguf = teacher_gguf(settings)
     if gguf is not None:  # before the student's daemon starts: one model in memory at a time
-        teachers = {} if teachers is None else teachers
         key = (user.name, str(gguf))
         if key not in teachers:
             teachers[key] = measure_teacher_model(gguf, user, budget, home / "teacher")
@@ -463,10 +466,11 @@ def _run(args, argv: list[str]) -> int:
     if min(args.steps, args.batch, args.epochs, args.eval_prompts, args.max_tokens) < 1:
         raise ConfigError("--steps, --batch, --epochs, --eval-prompts and --max-tokens must be at least 1")
     extra = _settings(args.set)
-    if "CLAWD_TRAINING_TEACHER" in extra and any("teacher" in METHODS[m] for m in methods):
+    self_taught = [m for m in methods if "teacher" in METHODS[m]]
+    if "CLAWD_TRAINING_TEACHER" in extra and self_taught:
         # --set comes last and would quietly turn hybrid-self / opd-self into hybrid / opd.
         raise ConfigError(
-            f"--set CLAWD_TRAINING_TEACHER conflicts with {', '.join(m for m in methods if 'teacher' in METHODS[m])}, "
+            f"--set CLAWD_TRAINING_TEACHER conflicts with {', '.join(self_taught)}, "
             "whose teacher is the active adapter; run those without it"
         )
     budget = Budget(
