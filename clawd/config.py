@@ -193,6 +193,14 @@ class TrainingSettings:
         "the student never ranks, the 'Cheers' it never writes, gets a signal too).",
         choices=("student", "union"),
     )
+    opd_weighting: str = _f(
+        "student",
+        "Whose probabilities weight the distillation term's tokens: student (METHOD.md §5, the "
+        "student's softmax over the support: a token it gives ~0 gets ~0 weight, so even union "
+        "cannot raise it) or teacher (the hinted teacher's softmax: a forward-KL step toward "
+        "what the teacher would write, e.g. the 'In short' it opens with).",
+        choices=("student", "teacher"),
+    )
     max_tokens: int = _f(
         512, "Longest prompt+response a sample may have; longer prompts are cut from the left.", min=16
     )

@@ -26,7 +26,9 @@ the user's correction sentence becomes the hint) and automatic training off. The
 Methods differ only in the loss weights (training.w_rl, training.w_opd), as METHOD.md §5
 defines the ablations; the `-self` variants also make the active adapter (each run's π_old)
 the hinted teacher (training.teacher = policy) instead of the frozen base; `union` (hybrid)
-and `opd-union` score OPD on the student's top-k ∪ the teacher's (training.opd_support = union). Before training,
+and `opd-union` score OPD on the student's top-k ∪ the teacher's (training.opd_support = union);
+`union-fwd` and `opd-union-fwd` also weight those tokens by the teacher's probabilities instead of
+the student's (training.opd_weighting = teacher). Before training,
 each arm also asks the held-out messages with the user's correction as a hint (the teacher's
 context): how often the hinted teacher complies bounds what distillation can teach. The teacher is
 the served base, or, with training.teacher = "model:PATH" (`--set`), that model, served on its own
@@ -75,6 +77,10 @@ METHODS = {
     # The OPD support widened to the student's top-k ∪ the teacher's (training.opd_support = union).
     "union": {"w_rl": 1.0, "w_opd": 1.0, "opd_support": "union"},
     "opd-union": {"w_rl": 0.0, "w_opd": 1.0, "opd_support": "union"},
+    # Union with the teacher's weights on its columns (training.opd_weighting = teacher): a
+    # forward-KL step, which can raise a token the student gives ~0.
+    "union-fwd": {"w_rl": 1.0, "w_opd": 1.0, "opd_support": "union", "opd_weighting": "teacher"},
+    "opd-union-fwd": {"w_rl": 0.0, "w_opd": 1.0, "opd_support": "union", "opd_weighting": "teacher"},
 }
 # Far above any run's sample count: one run = one batch = `epochs` optimizer steps.
 ONE_BATCH = 100_000
@@ -119,6 +125,7 @@ def daemon_settings(method: str, budget: Budget) -> dict[str, str]:
         "CLAWD_TRAINING_W_OPD": str(w["w_opd"]),
         "CLAWD_TRAINING_TEACHER": w.get("teacher", "base"),
         "CLAWD_TRAINING_OPD_SUPPORT": w.get("opd_support", "student"),
+        "CLAWD_TRAINING_OPD_WEIGHTING": w.get("opd_weighting", "student"),
         "CLAWD_MINING_JUDGE": "rules",
         "CLAWD_MINING_HINT_JUDGE": "rules",
         "CLAWD_MINING_QUIET_S": "0",

@@ -167,12 +167,17 @@ def sample_views(lm, s: Sample, k: int, teacher="base", support: str = "student"
 
 
 def advantages(
-    top_old: np.ndarray, top_teacher: np.ndarray, delta_clip: float, mask: np.ndarray | None = None
+    top_old: np.ndarray,
+    top_teacher: np.ndarray,
+    delta_clip: float,
+    mask: np.ndarray | None = None,
+    weighting: str = "student",
 ) -> np.ndarray:
     """A_v = softmax_S(ℓ_old)(v) · clip(ℓ_T(v) − ℓ_old(v), −C, C)  (METHOD §5); `mask`: which
-    columns are in S_i (a union support's padding gets no weight and A_v = 0)."""
+    columns are in S_i (a union support's padding gets no weight and A_v = 0); `weighting`
+    "teacher": the softmax is over ℓ_T instead (training.opd_weighting, as the loss does)."""
     real = np.ones_like(top_old, dtype=bool) if mask is None else mask.astype(bool)
-    x = np.where(real, top_old, -np.inf)
+    x = np.where(real, top_teacher if weighting == "teacher" else top_old, -np.inf)
     w = np.where(real, np.exp(x - x.max(axis=1, keepdims=True)), 0.0)
     w /= w.sum(axis=1, keepdims=True)
     return np.where(real, w * np.clip(top_teacher - top_old, -delta_clip, delta_clip), 0.0)
@@ -188,8 +193,10 @@ def direction(
     teacher="base",
     prepared: list[dict] | None = None,
     support: str = "student",
+    weighting: str = "student",
 ) -> dict:
-    """Mean signalled-direction gain of the candidate over the active adapter.
+    """Mean signalled-direction gain of the candidate over the active adapter (the OPD part
+    weighted as the loss weighted it: `weighting` = training.opd_weighting).
 
     `prepared`: run.prepare's views of these very samples (ids, π_old = the active adapter's
     log-probs, the teacher's), when the gate judges on the training signals. They are exactly
@@ -211,7 +218,7 @@ def direction(
         diff = lp_cand - lp_active
         gain = s.reward * float(diff[:, 0].mean()) if s.reward else 0.0
         if top_teacher is not None:
-            adv = advantages(lp_active[:, 1:], top_teacher, delta_clip, view.get("mask"))
+            adv = advantages(lp_active[:, 1:], top_teacher, delta_clip, view.get("mask"), weighting)
             gain += float((adv * diff[:, 1:]).sum(axis=1).mean())
         gains.append(gain)
     set_lora_params(lm.model, candidate)

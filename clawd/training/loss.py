@@ -32,6 +32,9 @@ class LossWeights:
     opd_clip_high: float = 0.28  # OPD ratio clip 1.28
     delta_clip: float = 1.0  # C, the log-prob-difference clip
     ratio_log_clamp: float = 20.0  # |log ρ| cap before exp (both terms; see _ratio)
+    # Whose probabilities weight the OPD columns (training.opd_weighting): "student" is METHOD
+    # §5's softmax_S(ℓ_old); "teacher" is softmax_S(ℓ_T), see `opd_column_weights`.
+    opd_weighting: str = "student"
 
 
 def _ratio(lp_new: mx.array, lp_old: mx.array, clamp: float) -> mx.array:
@@ -39,6 +42,19 @@ def _ratio(lp_new: mx.array, lp_old: mx.array, clamp: float) -> mx.array:
     # for sane updates (|log ρ| <= 20) and keeps a stray token from turning the loss into inf
     # and the LoRA into NaN (with r = -1 the RL term is unbounded above in ρ).
     return mx.exp(mx.clip(lp_new - lp_old, -clamp, clamp))
+
+
+def opd_column_weights(top_old: mx.array, top_teacher: mx.array, mk: mx.array, weighting: str) -> mx.array:
+    """w_v over the real columns of S_i: softmax of ℓ_old (METHOD §5, "student") or of ℓ_T
+    ("teacher"). With the student's weights a token the student gives ~0 gets ~0 weight, so
+    even a union support cannot raise the "In" or "Cheers" the hinted teacher puts 0.9 on
+    (per-token reverse KL is mode-seeking); the teacher's weights make it a forward-KL step on
+    S_i, which pulls mass toward what the teacher would write. Padding columns get a finite
+    −1e9 (exp → 0; a row with no real column, i.e. a padding token, stays finite)."""
+    if weighting not in ("student", "teacher"):
+        raise ValueError(f"opd_weighting must be student or teacher, not {weighting!r}")
+    source = top_teacher if weighting == "teacher" else top_old
+    return mx.softmax(mx.where(mk, source, -1e9), axis=-1)
 
 
 def _ppo(ratio: mx.array, adv: mx.array, low: float, high: float) -> tuple[mx.array, mx.array]:
@@ -61,6 +77,9 @@ def hybrid_loss(
     top_mask: mx.array | None = None,  # (B, T, K) 1 where v is in S_i; None = every column is
 ) -> tuple[mx.array, dict[str, mx.array]]:
     """L = mean over samples with a term of (w_RL·mean_i L_RL,i + w_OPD·mean_i L_OPD,i).
+
+    `weights.opd_weighting = "teacher"` weights the OPD columns by the hinted teacher's
+    softmax over S_i instead of the student's (`opd_column_weights`).
 
     Log-probs are global (full-vocabulary softmax), never renormalised over S_i.
     `top_mask`: a support of varying size per position (training.opd_support = "union": the
@@ -94,10 +113,9 @@ def hybrid_loss(
     rl_i, rl_clipped = _ppo(ratio, reward[:, None], w.clip_low, w.clip_high)
     rl_s = (rl_i * rl_tok).sum(axis=1) / mx.maximum(n_tok, 1)  # (B,) token mean
 
-    # OPD: A_v = softmax_S(ℓ_old)(v) · clip(ℓ_T(v) − ℓ_old(v), −C, C), both detached. The
-    # softmax runs over S_i only: padding columns get a finite −1e9 (exp → 0; a row with no
-    # real column, i.e. a padding token, stays finite and is masked below) and A_v = 0.
-    weight = mx.softmax(mx.where(mk, top_old, -1e9), axis=-1)
+    # OPD: A_v = w_v · clip(ℓ_T(v) − ℓ_old(v), −C, C), both detached; w_v is a softmax over
+    # S_i only (padding columns get A_v = 0).
+    weight = opd_column_weights(top_old, top_teacher, mk, w.opd_weighting)
     adv = mx.where(mk, weight * mx.clip(top_teacher - top_old, -w.delta_clip, w.delta_clip), 0.0)
     rho_v = _ratio(top_new, top_old, w.ratio_log_clamp)
     opd_v, opd_clipped = _ppo(rho_v, adv, w.opd_clip_low, w.opd_clip_high)

@@ -406,7 +406,7 @@ def run(job_dir: Path, cache_dir: Path, out_dir: Path, *, stock_blas: bool = Fal
         emit("stopped", step=0, total=0)
         return STOPPED
 
-    weights = LossWeights(rl=cfg.w_rl, opd=cfg.w_opd)
+    weights = LossWeights(rl=cfg.w_rl, opd=cfg.w_opd, opd_weighting=cfg.opd_weighting)
     optimizer = optim.AdamW(learning_rate=cfg.learning_rate, betas=[0.9, 0.98], weight_decay=cfg.weight_decay)
     plan = [b for b in batches(len(job.train), cfg.batch_size) for _ in range(cfg.epochs)]
     ckpt = job_dir / "checkpoint"
@@ -452,6 +452,7 @@ def run(job_dir: Path, cache_dir: Path, out_dir: Path, *, stock_blas: bool = Fal
         cfg.teacher,
         prepared=held if job.holdout else prep,  # judged on the training signals: reuse their views
         support=cfg.opd_support,
+        weighting=cfg.opd_weighting,
     )
     if stop.requested:  # direction() leaves the candidate's weights in place
         return stopped(len(plan))
