@@ -34,10 +34,22 @@ def clip(x, lo, hi):
 
 
 def reference_loss(
-    lp_new, lp_old, reward, top_new, top_old, top_teacher, has_hint, mask, w_rl=1.0, w_opd=1.0, top_mask=None
+    lp_new,
+    lp_old,
+    reward,
+    top_new,
+    top_old,
+    top_teacher,
+    has_hint,
+    mask,
+    w_rl=1.0,
+    w_opd=1.0,
+    top_mask=None,
+    weighting="student",
 ):
     """Returns (loss, metrics) exactly as METHOD §5 reads, one sample and one token at a time.
-    `top_mask[b][t][v]`: whether column v is in S_i (a union support of varying size); None = all."""
+    `top_mask[b][t][v]`: whether column v is in S_i (a union support of varying size); None = all.
+    `weighting` "teacher": w_v is the softmax over S_i of the teacher's log-probs instead."""
     B, T, K = np.shape(top_new)
     per_sample, rl_terms, opd_terms, rewards, ratios = [], [], [], [], []
     rl_clipped = opd_clipped = opd_pairs = 0
@@ -66,10 +78,11 @@ def reference_loss(
             for t in tokens:
                 support = [v for v in range(K) if top_mask is None or top_mask[b][t][v]]
                 old = {v: float(top_old[b][t][v]) for v in support}
-                z = sum(math.exp(x) for x in old.values())  # softmax over S_i (unshifted is fine here)
+                by = {v: float(top_teacher[b][t][v]) for v in support} if weighting == "teacher" else old
+                z = sum(math.exp(x) for x in by.values())  # softmax over S_i (unshifted is fine here)
                 term = 0.0
                 for v in support:
-                    weight = math.exp(old[v]) / z
+                    weight = math.exp(by[v]) / z
                     delta = clip(top_teacher[b][t][v] - old[v], -C, C)
                     a = weight * delta
                     rho = math.exp(clip(top_new[b][t][v] - old[v], -CLAMP, CLAMP))
@@ -124,9 +137,9 @@ def run_mlx(batch, weights=LossWeights()):
     return float(loss), {k: float(v) for k, v in metrics.items()}
 
 
-def assert_matches(batch, w_rl=1.0, w_opd=1.0, metrics=True):
-    want, want_m = reference_loss(**batch, w_rl=w_rl, w_opd=w_opd)
-    got, got_m = run_mlx(batch, LossWeights(rl=w_rl, opd=w_opd))
+def assert_matches(batch, w_rl=1.0, w_opd=1.0, metrics=True, weighting="student"):
+    want, want_m = reference_loss(**batch, w_rl=w_rl, w_opd=w_opd, weighting=weighting)
+    got, got_m = run_mlx(batch, LossWeights(rl=w_rl, opd=w_opd, opd_weighting=weighting))
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
     for key in ("rl", "opd", "reward_mean", "ratio_mean", "n_samples"):
         np.testing.assert_allclose(got_m[key], want_m[key], rtol=1e-5, atol=1e-6, err_msg=key)
@@ -301,6 +314,66 @@ def test_union_padding_columns_are_ignored_even_if_garbage():
     args = {key: mx.array(v.astype(np.float32) if v.dtype == np.float64 else v) for key, v in dirty.items()}
     g = np.array(mx.grad(lambda top: hybrid_loss(**{**args, "top_new": top})[0])(args["top_new"]))
     assert np.isfinite(g).all() and (g[pad] == 0).all() and np.abs(g[~pad]).max() > 0
+
+
+# ---------------------------------------------------------------- teacher weighting (opd_weighting = "teacher")
+
+
+@pytest.mark.parametrize("union", [False, True])
+def test_teacher_weighting_matches_reference(union):
+    rng = np.random.default_rng(31 + union)
+    for _ in range(5):
+        b = union_batch(rng) if union else random_batch(rng)
+        b["has_hint"][:2] = True
+        _, m = assert_matches(b, weighting="teacher")
+        assert m["n_samples"] > 0
+    # the weighting matters: the same batch under the student's weights is another loss
+    assert abs(run_mlx(b, LossWeights(opd_weighting="teacher"))[0] - run_mlx(b)[0]) > 1e-4
+
+
+def test_teacher_weighting_raises_a_token_the_student_never_ranks():
+    """The inshort case, measured with llama.cpp on Qwen 0.5B / 1.5B: at the first position the
+    student puts ~0.001 on "In", the hinted teacher 0.9. On a union support the student's
+    weights give that column ~0.001 of the step; the teacher's give it most of it."""
+    lp = np.log(np.array([[[0.30, 0.25, 0.15, 0.10, 0.001]]]))  # student: 4 top tokens, then "In"
+    teacher = np.log(np.array([[[0.02, 0.01, 0.01, 0.01, 0.90]]]))
+    args = dict(
+        lp_new=mx.array(lp[..., 0]),
+        lp_old=mx.array(lp[..., 0]),
+        reward=mx.array([0.0]),
+        top_old=mx.array(lp),
+        top_teacher=mx.array(teacher),
+        has_hint=mx.array([True]),
+        mask=mx.ones((1, 1)),
+    )
+
+    def push(weighting):  # −d loss / d ℓ_θ(v): how hard a step raises each column
+        g = mx.grad(lambda top: hybrid_loss(top_new=top, **args, weights=LossWeights(opd_weighting=weighting))[0])
+        return -np.array(g(mx.array(lp)))[0, 0]
+
+    student, by_teacher = push("student"), push("teacher")
+    assert student[4] < 0.01 and by_teacher[4] > 0.8  # "In": ~0 of the step against most of it
+    assert (by_teacher[:4] < 0).all()  # the student's own top tokens are pushed down
+    # Independent reading of the same step: A_v = w_v · clip(Δ, ±1) with w_v by hand.
+    w = np.exp(teacher[0, 0]) / np.exp(teacher[0, 0]).sum()
+    np.testing.assert_allclose(by_teacher, w * np.clip(teacher[0, 0] - lp[0, 0], -1, 1), rtol=1e-5)
+
+
+def test_the_gate_weights_advantages_as_the_loss_does():
+    """evaluate.advantages (the gate's gain) with weighting "teacher" = the reference's A_v."""
+    from clawd.training.evaluate import advantages
+
+    rng = np.random.default_rng(33)
+    b = union_batch(rng, B=1)
+    old, teacher, m = b["top_old"][0], b["top_teacher"][0], b["top_mask"][0]
+    got = advantages(old, teacher, C, m, "teacher")
+    for t in range(old.shape[0]):
+        cols = [v for v in range(old.shape[1]) if m[t, v]]
+        z = sum(math.exp(teacher[t, v]) for v in cols)
+        for v in range(old.shape[1]):
+            want = math.exp(teacher[t, v]) / z * clip(teacher[t, v] - old[t, v], -C, C) if m[t, v] else 0.0
+            assert got[t, v] == pytest.approx(want, rel=1e-9, abs=1e-12)
+    assert not np.allclose(got, advantages(old, teacher, C, m))  # the student's weights differ
 
 
 def test_all_real_mask_is_the_student_support():
