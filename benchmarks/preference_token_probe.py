@@ -1,0 +1,191 @@
+"""How far did training move the token a preference hinges on? (issue 16, `inshort` and `signoff`)
+
+Compliance counts greedy answers, so a run that raised the right token from 0.001 to 0.2 reads
+0% just like a run that did nothing. This probe reads the distributions instead, with
+llama-cpp-python's own `Llama` (the GGUF's chat template, the adapter as `lora_path`), on the
+user's held-out first messages, for the base model and each adapter a kept learning run left:
+
+- `inshort` ("open with In short"): at the answer's first position, the probability of a token
+  that reads "In", its rank, and how many greedy first tokens are "In".
+- `signoff` ("end with Cheers"): at the position where the model's own greedy answer ends (or
+  runs out of --max-tokens), the probability of ending the turn there, and of a token that
+  starts with "Che".
+
+`--teacher T.gguf` adds the teacher with the user's correction as the miner's hint (METHOD §3,
+`teacher_context`) as the reference the OPD term aims at.
+
+    python benchmarks/preference_token_probe.py --model S.gguf --user inshort \
+        [--home KEPT_ARM_HOME ...] [--teacher T.gguf] [--json OUT]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from clawd.bench.learning import teacher_context, teacher_hint  # noqa: E402
+from clawd.bench.users import resolve_user  # noqa: E402
+
+# What each probed user's preference hinges on: the tokens' text test, and where to look.
+PROBES = {
+    "inshort": ("first", lambda text: text.strip().lower() == "in"),
+    "signoff": ("end", lambda text: text.strip().lower().startswith("che")),
+}
+# The preference's second token, read after the model's likeliest first one: "In" alone is not
+# "In short", and on-policy distillation teaches "short" only once the student says "In".
+FOLLOWS = {"inshort": lambda text: text.strip().lower() == "short"}
+OPENING_TOKENS = 6
+
+
+def load(model: Path, adapter: Path | None):
+    from llama_cpp import Llama
+    from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+    llm = Llama(
+        model_path=str(model),
+        lora_path=str(adapter) if adapter else None,
+        n_ctx=1024,
+        logits_all=True,
+        n_threads=2,
+        verbose=False,
+    )
+    vocab = [llm.detokenize([i]).decode("utf-8", "replace") for i in range(llm.n_vocab())]
+    meta = llm.metadata
+    fmt = Jinja2ChatFormatter(
+        meta["tokenizer.chat_template"],
+        eos_token=vocab[llm.token_eos()],
+        bos_token=vocab[llm.token_bos()] if llm.token_bos() >= 0 else "",
+    )
+    return llm, vocab, fmt
+
+
+def logprobs_after(llm, tokens: list[int]) -> np.ndarray:
+    """Evaluate `tokens` on top of what llm holds; the log-softmax of the next-token row."""
+    llm.eval(tokens)
+    row = np.asarray(llm.scores[llm.n_tokens - 1], dtype=np.float64)
+    return row - np.logaddexp.reduce(row)
+
+
+def greedy(llm, lp: np.ndarray, end_ids: set[int], max_tokens: int) -> tuple[list[int], np.ndarray]:
+    """The greedy continuation from the row `lp` until the turn ends or the room runs out, and
+    the row where it stopped."""
+    answer: list[int] = []
+    while len(answer) < max_tokens:
+        top = int(np.argmax(lp))
+        if top in end_ids:
+            break
+        answer.append(top)
+        lp = logprobs_after(llm, [top])
+    return answer, lp
+
+
+def probe_one(llm, fmt, messages, where: str, wanted: np.ndarray, follows, end_ids: set[int], max_tokens: int) -> dict:
+    prompt = fmt(messages=messages).prompt
+    tokens = llm.tokenize(prompt.encode(), add_bos=False, special=True)
+    llm.reset()
+    lp = logprobs_after(llm, tokens)
+    if where == "first":
+        best = int(np.argmax(np.where(wanted, lp, -np.inf)))
+        row = {
+            "p": float(np.exp(lp[wanted]).sum()),
+            "rank": int((lp > lp[best]).sum()) + 1,
+            "greedy_hit": bool(wanted[int(np.argmax(lp))]),
+        }
+        opening, _ = greedy(llm, lp, end_ids, OPENING_TOKENS)
+        row["opening"] = llm.detokenize(opening).decode("utf-8", "replace")
+        if follows is not None:  # force the likeliest wanted first token, read the next row
+            llm.reset()
+            after = logprobs_after(llm, tokens + [best])
+            row["p_follow"] = float(np.exp(after[follows]).sum())
+        return row
+    answer, lp = greedy(llm, lp, end_ids, max_tokens)
+    p_end = float(np.exp(lp[sorted(end_ids)]).sum())
+    return {
+        "p": float(np.exp(lp[wanted]).sum()),
+        "p_end": p_end,
+        "ended": len(answer) < max_tokens,
+        "answer": llm.detokenize(answer).decode("utf-8", "replace"),
+    }
+
+
+def probe(model: Path, adapter: Path | None, user, where, test, max_tokens: int, hinted: bool) -> dict:
+    llm, vocab, fmt = load(model, adapter)
+    wanted = np.array([test(t) for t in vocab])
+    if not wanted.any():
+        raise SystemExit(f"{model.name}: no token of its vocabulary reads as {user.name}'s preference; wrong model?")
+    follows = np.array([FOLLOWS[user.name](t) for t in vocab]) if user.name in FOLLOWS else None
+    end_ids = {llm.token_eos()} | {i for i, t in enumerate(vocab) if t in ("<|im_end|>", "<end_of_turn>", "<|eot_id|>")}
+    rows = []
+    for i, prompt in enumerate(user.held_out):
+        messages = [{"role": "user", "content": prompt}]
+        if hinted:
+            hint = teacher_hint(user, prompt, i)
+            if hint is None:
+                continue
+            messages = teacher_context(prompt, hint)
+        row = probe_one(llm, fmt, messages, where, wanted, follows, end_ids, max_tokens)
+        rows.append({"prompt": prompt, **row})
+    del llm
+    ps = [r["p"] for r in rows]
+    out = {"prompts": len(rows), "p_mean": float(np.mean(ps)), "p_max": float(np.max(ps)), "rows": rows}
+    if where == "first":
+        out["rank_median"] = float(np.median([r["rank"] for r in rows]))
+        out["greedy_hits"] = sum(r["greedy_hit"] for r in rows)
+        if follows is not None:
+            out["p_follow_mean"] = float(np.mean([r["p_follow"] for r in rows]))
+    else:
+        out["p_end_mean"] = float(np.mean([r["p_end"] for r in rows]))
+        out["ended"] = sum(r["ended"] for r in rows)
+    return out
+
+
+def adapters_of(home: Path) -> list[tuple[str, Path]]:
+    """Each adapter a kept arm's daemon trained, oldest first, with whether its gate passed. A run
+    starts from its parent's weights, so each file is the whole adapter, not a delta."""
+    found = []
+    for meta in sorted((home / "data" / "adapters").glob("*/meta.json"), key=lambda p: p.stat().st_mtime):
+        gguf = meta.parent / "adapter.gguf"
+        if gguf.exists():
+            passed = json.loads(meta.read_text()).get("gate", {}).get("passed")
+            found.append((f"{home.name}/{meta.parent.name} ({'promoted' if passed else 'refused'})", gguf))
+    return found
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", type=Path, required=True, help="the student GGUF the runs served")
+    p.add_argument("--user", choices=sorted(PROBES), required=True)
+    p.add_argument("--home", type=Path, nargs="*", default=[], help="kept arm homes (clawd bench learning --keep)")
+    p.add_argument("--teacher", type=Path, help="also probe this model with the miner's hint")
+    p.add_argument("--max-tokens", type=int, default=48, help="room for the greedy answer (the bench's default)")
+    p.add_argument("--json", type=Path, help="write every row here")
+    args = p.parse_args(argv)
+    user = resolve_user(args.user)
+    where, test = PROBES[args.user]
+    subjects = [("base", args.model, None, False)]
+    subjects += [(name, args.model, gguf, False) for h in args.home for name, gguf in adapters_of(h)]
+    if args.teacher:
+        subjects.append(("teacher + hint", args.teacher, None, True))
+    results = {}
+    for name, model, adapter, hinted in subjects:
+        r = results[name] = probe(model, adapter, user, where, test, args.max_tokens, hinted)
+        extra = (
+            f"median rank {r['rank_median']:.0f}, greedy first {r['greedy_hits']}/{r['prompts']}"
+            + (f", P(next | first) {r['p_follow_mean']:.3f}" if "p_follow_mean" in r else "")
+            if where == "first"
+            else f"P(end) {r['p_end_mean']:.3f}, ended {r['ended']}/{r['prompts']}"
+        )
+        print(f"{name:60s} P(wanted) mean {r['p_mean']:.4f} max {r['p_max']:.4f}  {extra}", flush=True)
+    if args.json:
+        args.json.write_text(json.dumps({"user": args.user, "where": where, "results": results}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
