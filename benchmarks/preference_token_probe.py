@@ -56,9 +56,11 @@ def load(model: Path, adapter: Path | None):
         verbose=False,
     )
     vocab = [llm.detokenize([i]).decode("utf-8", "replace") for i in range(llm.n_vocab())]
-    meta = llm.metadata
+    template = llm.metadata.get("tokenizer.chat_template")
+    if not template:  # the probe asks as a chat client would: through the model's own template
+        raise SystemExit(f"{model.name} has no chat template in its GGUF; probe an instruct model")
     fmt = Jinja2ChatFormatter(
-        meta["tokenizer.chat_template"],
+        template,
         eos_token=vocab[llm.token_eos()],
         bos_token=vocab[llm.token_bos()] if llm.token_bos() >= 0 else "",
     )
