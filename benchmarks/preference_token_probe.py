@@ -8,8 +8,8 @@ user's held-out first messages, for the base model and each adapter a kept learn
 - `inshort` ("open with In short"): at the answer's first position, the probability of a token
   that reads "In", its rank, and how many greedy first tokens are "In".
 - `signoff` ("end with Cheers"): at the position where the model's own greedy answer ends (or
-  runs out of --max-tokens), the probability of ending the turn there, and of a token that
-  starts with "Che".
+  runs out of --max-tokens), the probability of a piece of "Cheers" there; where it ended, the
+  probability of ending the turn, and of "Cheers" after a forced blank line.
 
 `--teacher T.gguf` adds the teacher with the user's correction as the miner's hint (METHOD §3,
 `teacher_context`) as the reference the OPD term aims at.
@@ -35,8 +35,15 @@ from clawd.bench.users import resolve_user  # noqa: E402
 # What each probed user's preference hinges on: the tokens' text test, and where to look.
 PROBES = {
     "inshort": ("first", lambda text: text.strip().lower() == "in"),
-    "signoff": ("end", lambda text: text.strip().lower().startswith("che")),
+    # A piece of "Cheers" ("Che", "Cheers", " cheers!"), not "check" or "chemical".
+    "signoff": ("end", lambda text: _is_start_of(text.strip().lower().rstrip("!.,"), "cheers")),
 }
+
+
+def _is_start_of(piece: str, word: str) -> bool:
+    return len(piece) >= 3 and word.startswith(piece)
+
+
 # The preference's second token, read after the model's likeliest first one: "In" alone is not
 # "In short", and on-policy distillation teaches "short" only once the student says "In".
 FOLLOWS = {"inshort": lambda text: text.strip().lower() == "short"}
@@ -55,7 +62,8 @@ def load(model: Path, adapter: Path | None):
         n_threads=2,
         verbose=False,
     )
-    vocab = [llm.detokenize([i]).decode("utf-8", "replace") for i in range(llm.n_vocab())]
+    # special=True: control tokens (<|im_end|>, <end_of_turn>) keep their text, else they read "".
+    vocab = [llm.detokenize([i], special=True).decode("utf-8", "replace") for i in range(llm.n_vocab())]
     template = llm.metadata.get("tokenizer.chat_template")
     if not template:  # the probe asks as a chat client would: through the model's own template
         raise SystemExit(f"{model.name} has no chat template in its GGUF; probe an instruct model")
@@ -107,22 +115,28 @@ def probe_one(llm, fmt, messages, where: str, wanted: np.ndarray, follows, end_i
             row["p_follow"] = float(np.exp(after[follows]).sum())
         return row
     answer, lp = greedy(llm, lp, end_ids, max_tokens)
-    p_end = float(np.exp(lp[sorted(end_ids)]).sum())
-    return {
+    row = {
         "p": float(np.exp(lp[wanted]).sum()),
-        "p_end": p_end,
+        "p_end": float(np.exp(lp[sorted(end_ids)]).sum()),
         "ended": len(answer) < max_tokens,
         "answer": llm.detokenize(answer).decode("utf-8", "replace"),
     }
+    if row["ended"]:  # a sign-off mostly comes after a blank line: read it there too
+        after = logprobs_after(llm, llm.tokenize(b"\n\n", add_bos=False, special=False))
+        row["p_after_blank_line"] = float(np.exp(after[wanted]).sum())
+    return row
 
 
 def probe(model: Path, adapter: Path | None, user, where, test, max_tokens: int, hinted: bool) -> dict:
+    import llama_cpp
+
     llm, vocab, fmt = load(model, adapter)
     wanted = np.array([test(t) for t in vocab])
     if not wanted.any():
         raise SystemExit(f"{model.name}: no token of its vocabulary reads as {user.name}'s preference; wrong model?")
     follows = np.array([FOLLOWS[user.name](t) for t in vocab]) if user.name in FOLLOWS else None
-    end_ids = {llm.token_eos()} | {i for i, t in enumerate(vocab) if t in ("<|im_end|>", "<end_of_turn>", "<|eot_id|>")}
+    # Every token llama.cpp itself ends a generation on (end of turn, end of text).
+    end_ids = {i for i in range(len(vocab)) if llama_cpp.llama_vocab_is_eog(llm._model.vocab, i)}
     rows = []
     for i, prompt in enumerate(user.held_out):
         messages = [{"role": "user", "content": prompt}]
@@ -142,20 +156,24 @@ def probe(model: Path, adapter: Path | None, user, where, test, max_tokens: int,
         if follows is not None:
             out["p_follow_mean"] = float(np.mean([r["p_follow"] for r in rows]))
     else:
-        out["p_end_mean"] = float(np.mean([r["p_end"] for r in rows]))
-        out["ended"] = sum(r["ended"] for r in rows)
+        # Only where the greedy answer ended: a row that ran out of room is read mid-sentence.
+        ended = [r for r in rows if r["ended"]]
+        out["ended"] = len(ended)
+        out["p_end_mean"] = float(np.mean([r["p_end"] for r in ended])) if ended else None
+        out["p_after_blank_line_mean"] = float(np.mean([r["p_after_blank_line"] for r in ended])) if ended else None
     return out
 
 
 def adapters_of(home: Path) -> list[tuple[str, Path]]:
-    """Each adapter a kept arm's daemon trained, oldest first, with whether its gate passed. A run
-    starts from its parent's weights, so each file is the whole adapter, not a delta."""
+    """Each adapter a kept arm's daemon trained, oldest first (ids are ad-YYYYMMDD-HHMMSS-…), with
+    whether its gate passed. A run starts from its parent's weights, so each file is the whole
+    adapter, not a delta."""
     found = []
-    for meta in sorted((home / "data" / "adapters").glob("*/meta.json"), key=lambda p: p.stat().st_mtime):
+    for meta in sorted((home / "data" / "adapters").glob("*/meta.json"), key=lambda p: p.parent.name):
         gguf = meta.parent / "adapter.gguf"
         if gguf.exists():
             passed = json.loads(meta.read_text()).get("gate", {}).get("passed")
-            found.append((f"{home.name}/{meta.parent.name} ({'promoted' if passed else 'refused'})", gguf))
+            found.append((f"{home.name}/{meta.parent.name} (gate {'passed' if passed else 'refused'})", gguf))
     return found
 
 
@@ -181,7 +199,8 @@ def main(argv: list[str] | None = None) -> int:
             f"median rank {r['rank_median']:.0f}, greedy first {r['greedy_hits']}/{r['prompts']}"
             + (f", P(next | first) {r['p_follow_mean']:.3f}" if "p_follow_mean" in r else "")
             if where == "first"
-            else f"P(end) {r['p_end_mean']:.3f}, ended {r['ended']}/{r['prompts']}"
+            else f"ended {r['ended']}/{r['prompts']}; where it ended: P(end) {r['p_end_mean'] or 0:.3f}, "
+            f"P(wanted after a blank line) {r['p_after_blank_line_mean'] or 0:.4f}"
         )
         print(f"{name:60s} P(wanted) mean {r['p_mean']:.4f} max {r['p_max']:.4f}  {extra}", flush=True)
     if args.json:
