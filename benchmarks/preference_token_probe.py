@@ -32,17 +32,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from clawd.bench.learning import teacher_context, teacher_hint  # noqa: E402
 from clawd.bench.users import resolve_user  # noqa: E402
 
-# What each probed user's preference hinges on: the tokens' text test, and where to look.
+
+def _is_start_of(piece: str, word: str) -> bool:
+    return len(piece) >= 3 and word.startswith(piece)
+
+
+# What each probed user's preference hinges on: where to look, and the tokens' text test.
 PROBES = {
     "inshort": ("first", lambda text: text.strip().lower() == "in"),
     # A piece of "Cheers" ("Che", "Cheers", " cheers!"), not "check" or "chemical".
     "signoff": ("end", lambda text: _is_start_of(text.strip().lower().rstrip("!.,"), "cheers")),
 }
-
-
-def _is_start_of(piece: str, word: str) -> bool:
-    return len(piece) >= 3 and word.startswith(piece)
-
 
 # The preference's second token, read after the model's likeliest first one: "In" alone is not
 # "In short", and on-policy distillation teaches "short" only once the student says "In".
@@ -127,9 +127,10 @@ def probe_one(llm, fmt, messages, where: str, wanted: np.ndarray, follows, end_i
     return row
 
 
-def probe(model: Path, adapter: Path | None, user, where, test, max_tokens: int, hinted: bool) -> dict:
+def probe(model: Path, adapter: Path | None, user, max_tokens: int, hinted: bool) -> dict:
     import llama_cpp
 
+    where, test = PROBES[user.name]
     llm, vocab, fmt = load(model, adapter)
     wanted = np.array([test(t) for t in vocab])
     if not wanted.any():
@@ -177,6 +178,10 @@ def adapters_of(home: Path) -> list[tuple[str, Path]]:
     return found
 
 
+def _fmt(x: float | None, digits: int) -> str:
+    return "–" if x is None else f"{x:.{digits}f}"  # None: no greedy answer ended
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", type=Path, required=True, help="the student GGUF the runs served")
@@ -187,20 +192,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", type=Path, help="write every row here")
     args = p.parse_args(argv)
     user = resolve_user(args.user)
-    where, test = PROBES[args.user]
+    where = PROBES[args.user][0]
     subjects = [("base", args.model, None, False)]
     subjects += [(name, args.model, gguf, False) for h in args.home for name, gguf in adapters_of(h)]
     if args.teacher:
         subjects.append(("teacher + hint", args.teacher, None, True))
     results = {}
     for name, model, adapter, hinted in subjects:
-        r = results[name] = probe(model, adapter, user, where, test, args.max_tokens, hinted)
+        r = results[name] = probe(model, adapter, user, args.max_tokens, hinted)
         extra = (
-            f"median rank {r['rank_median']:.0f}, greedy first {r['greedy_hits']}/{r['prompts']}"
+            f"median rank {r['rank_median']:g}, greedy first {r['greedy_hits']}/{r['prompts']}"
             + (f", P(next | first) {r['p_follow_mean']:.3f}" if "p_follow_mean" in r else "")
             if where == "first"
-            else f"ended {r['ended']}/{r['prompts']}; where it ended: P(end) {r['p_end_mean'] or 0:.3f}, "
-            f"P(wanted after a blank line) {r['p_after_blank_line_mean'] or 0:.4f}"
+            else f"ended {r['ended']}/{r['prompts']}; where it ended: P(end) {_fmt(r['p_end_mean'], 3)}, "
+            f"P(wanted after a blank line) {_fmt(r['p_after_blank_line_mean'], 4)}"
         )
         print(f"{name:60s} P(wanted) mean {r['p_mean']:.4f} max {r['p_max']:.4f}  {extra}", flush=True)
     if args.json:
