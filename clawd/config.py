@@ -201,6 +201,16 @@ class TrainingSettings:
         "what the teacher would write, e.g. the 'In short' it opens with).",
         choices=("student", "teacher"),
     )
+    teacher_answers: int = _f(
+        0,
+        "Also train on the hinted teacher's own greedy answer to each hinted signal, up to this many "
+        "tokens (0 = off): distillation then scores the teacher along an answer that follows the hint, "
+        "not only along the student's, so a preference the student never starts ('In short', a "
+        "closing 'Cheers') is taught past its first token. The answer trains with the hint's "
+        "distillation term only.",
+        min=0,
+        max=1024,
+    )
     max_tokens: int = _f(
         512, "Longest prompt+response a sample may have; longer prompts are cut from the left.", min=16
     )

@@ -28,7 +28,8 @@ defines the ablations; the `-self` variants also make the active adapter (each r
 the hinted teacher (training.teacher = policy) instead of the frozen base; `union` (hybrid)
 and `opd-union` score OPD on the student's top-k ∪ the teacher's (training.opd_support = union);
 `union-fwd` and `opd-union-fwd` also weight those tokens by the teacher's probabilities instead of
-the student's (training.opd_weighting = teacher). Before training,
+the student's (training.opd_weighting = teacher); the `-ta` variants of those two also train on
+the hinted teacher's own answer to each hinted signal (training.teacher_answers). Before training,
 each arm also asks the held-out messages with the user's correction as a hint (the teacher's
 context): how often the hinted teacher complies bounds what distillation can teach. The teacher is
 the served base, or, with training.teacher = "model:PATH" (`--set`), that model, served on its own
@@ -66,6 +67,8 @@ from clawd.judge_rules import RulesJudge
 from clawd.model_registry import second_model_path
 from clawd.served import teacher_messages
 
+# The union support weighted by the teacher's probabilities (the `-fwd` arms).
+FWD = {"w_opd": 1.0, "opd_support": "union", "opd_weighting": "teacher"}
 # METHOD.md §5: an ablation is a loss weight, nothing else.
 METHODS = {
     "hybrid": {"w_rl": 1.0, "w_opd": 1.0},
@@ -81,6 +84,11 @@ METHODS = {
     # forward-KL step, which can raise a token the student gives ~0.
     "union-fwd": {"w_rl": 1.0, "w_opd": 1.0, "opd_support": "union", "opd_weighting": "teacher"},
     "opd-union-fwd": {"w_rl": 0.0, "w_opd": 1.0, "opd_support": "union", "opd_weighting": "teacher"},
+    # The same, also distilled along the hinted teacher's own greedy answer to each hinted signal
+    # (training.teacher_answers = its room in tokens): the positions after a first token the
+    # student never samples ("In" → "short") get a signal too.
+    "union-fwd-ta": {**FWD, "w_rl": 1.0, "teacher_answers": 96},
+    "opd-union-fwd-ta": {**FWD, "w_rl": 0.0, "teacher_answers": 96},
 }
 # Far above any run's sample count: one run = one batch = `epochs` optimizer steps.
 ONE_BATCH = 100_000
@@ -126,6 +134,7 @@ def daemon_settings(method: str, budget: Budget) -> dict[str, str]:
         "CLAWD_TRAINING_TEACHER": w.get("teacher", "base"),
         "CLAWD_TRAINING_OPD_SUPPORT": w.get("opd_support", "student"),
         "CLAWD_TRAINING_OPD_WEIGHTING": w.get("opd_weighting", "student"),
+        "CLAWD_TRAINING_TEACHER_ANSWERS": str(w.get("teacher_answers", 0)),
         "CLAWD_MINING_JUDGE": "rules",
         "CLAWD_MINING_HINT_JUDGE": "rules",
         "CLAWD_MINING_QUIET_S": "0",

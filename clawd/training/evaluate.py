@@ -202,6 +202,8 @@ def direction(
     log-probs, the teacher's), when the gate judges on the training signals. They are exactly
     what this would recompute under `active`, and recomputing them was 3 of the 4 forward
     passes per sample: most of the gate's time in the first hour, when nothing is held out."""
+    if prepared is not None and len(prepared) != len(samples):
+        raise ValueError(f"{len(prepared)} prepared views for {len(samples)} samples")
     gains = []
     if prepared is not None:
         set_lora_params(lm.model, candidate)
@@ -297,7 +299,7 @@ def greedy_answer(
             return lm.tokenizer.decode(out), True
         out.append(tok)
         text = lm.tokenizer.decode(out)
-        hit = min((i for i in (text.find(s) for s in turn_end.stops if s) if i >= 0), default=-1)
+        hit = first_stop(text, turn_end.stops)
         if hit >= 0:
             return text[:hit], True
         if enough is not None and enough(text):
@@ -371,13 +373,14 @@ def _batch_cache(model, left_padding: list[int]) -> list | None:
     return out
 
 
-def batch_greedy_answers(
-    lm, prompts: list[list[int]], turn_end: TurnEnd, max_tokens: int, enough: list[Callable[[str], bool]]
-) -> list[str] | None:
-    """greedy_answer for many prompts at once (left-padded, one batched step per token: the
+def batch_greedy_ids(
+    lm, prompts: list[list[int]], max_tokens: int, done: Callable[[int, list[int]], bool] | None = None
+) -> list[tuple[list[int], bool]] | None:
+    """Greedy token ids for many prompts at once (left-padded, one batched step per token: the
     weights are read once per step for every row, not once per row; that read is what a
-    decode step on a CPU costs). Rows end as greedy_answer's do, (text, ended) as it returns,
-    and leave the batch when they do. None when the model's cache has no batched form.
+    decode step on a CPU costs): per row (ids, ended), where a row that met an end-of-turn
+    token holds it last and ended is True; `done(row, ids)` true ends a row there with ended
+    False. Finished rows leave the batch. None when the model's cache has no batched form.
 
     (Prefilling the template's shared preamble once and tiling its cache would save most of
     the prefill; tried with mlx-lm 0.32's right-padded prefill + BatchKVCache.finalize, it gave
@@ -389,7 +392,7 @@ def batch_greedy_answers(
         return None
     end_ids = lm.tokenizer.eos_ids
     out: list[list[int]] = [[] for _ in prompts]
-    done: dict[int, tuple[str, bool]] = {}  # row -> (text, ended at an end token or a stop)
+    finished: dict[int, bool] = {}  # row -> ended at an end token
     rows = list(range(len(prompts)))  # the rows still in the batch, in cache order
     step = mx.array([[0] * pad + p for pad, p in zip(pads, prompts)], dtype=mx.int32)
     for _ in range(max_tokens):
@@ -397,17 +400,12 @@ def batch_greedy_answers(
         toks = mx.argmax(lm.logits(h[:, -1]), axis=-1)
         mx.eval(toks)
         for i, tok in zip(rows, toks.tolist()):
-            if tok in end_ids:
-                done[i] = (lm.tokenizer.decode(out[i]), True)
-                continue
             out[i].append(tok)
-            text = lm.tokenizer.decode(out[i])
-            hit = min((j for j in (text.find(s) for s in turn_end.stops if s) if j >= 0), default=-1)
-            if hit >= 0:
-                done[i] = (text[:hit], True)
-            elif enough[i](text):
-                done[i] = (text, False)
-        keep = [k for k, i in enumerate(rows) if i not in done]
+            if tok in end_ids:
+                finished[i] = True
+            elif done is not None and done(i, out[i]):
+                finished[i] = False
+        keep = [k for k, i in enumerate(rows) if i not in finished]
         if not keep:
             break
         if len(keep) < len(rows):  # a finished row leaves the batch: no more compute for it
@@ -416,7 +414,34 @@ def batch_greedy_answers(
                 c.filter(idx)
             toks, rows = toks[idx], [rows[k] for k in keep]
         step = toks[:, None].astype(mx.int32)
-    return [done.get(i, (lm.tokenizer.decode(o), False)) for i, o in enumerate(out)]
+    return [(o, finished.get(i, False)) for i, o in enumerate(out)]
+
+
+def first_stop(text: str, stops: list[str]) -> int:
+    """Where the first of `stops` begins in `text`, or -1."""
+    return min((i for i in (text.find(s) for s in stops if s) if i >= 0), default=-1)
+
+
+def batch_greedy_answers(
+    lm, prompts: list[list[int]], turn_end: TurnEnd, max_tokens: int, enough: list[Callable[[str], bool]]
+) -> list[tuple[str, bool]] | None:
+    """greedy_answer for many prompts at once (batch_greedy_ids): rows end as greedy_answer's
+    do, (text, ended) as it returns. None when the model's cache has no batched form."""
+    decode = lm.tokenizer.decode
+
+    def done(i: int, ids: list[int]) -> bool:
+        text = decode(ids)
+        return first_stop(text, turn_end.stops) >= 0 or enough[i](text)
+
+    answers = batch_greedy_ids(lm, prompts, max_tokens, done)
+    if answers is None:
+        return None
+    out = []
+    for ids, at_end_token in answers:
+        text = decode(ids[:-1] if at_end_token else ids)
+        hit = -1 if at_end_token else first_stop(text, turn_end.stops)
+        out.append((text[:hit], True) if hit >= 0 else (text, at_end_token))
+    return out
 
 
 QA_BATCH = 64  # questions answered in one batch (the whole set: 50)

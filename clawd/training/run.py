@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from clawd.training import blas
-from clawd.training.data import STOPPED
+from clawd.training.data import STOPPED, Sample
 from clawd.training.parent import die_with_parent
 
 LORA_KEYS = {
@@ -153,25 +153,38 @@ def load_teacher(job, cache_dir: Path):
     return load_model(Path(job.teacher_model_path), cache_dir=cache_dir)
 
 
-def prepare_all(lm, job, job_dir: Path, cache_dir: Path, progress) -> tuple[list[dict], list[dict] | None]:
-    """run.prepare's views of the training samples, and with a teacher model those of the
-    held-out ones too (None otherwise: the gate computes them itself). Both are taken under
-    the parent's weights, as the gate would, so a teacher model is needed only here: it is
-    loaded for this phase (when a resume has not cached its views already) and freed before
-    training, and training's peak memory is the student's alone."""
+def prepare_all(
+    lm, job, job_dir: Path, cache_dir: Path, progress
+) -> tuple[list[Sample], list[dict], list[dict] | None]:
+    """The samples to train on (job.train, with training.teacher_answers each hinted one
+    followed by the hinted teacher's own answer: clawd/training/teacher_answers.py), run.prepare's
+    views of them, and with a teacher model those of the held-out ones too (None otherwise:
+    the gate computes them itself). All are taken under the parent's weights, as the gate
+    would, so a teacher model is needed only here: it is loaded for this phase (when a resume
+    has not cached its views already) and freed before training, and training's peak memory
+    is the student's alone."""
     cfg, k = job.settings, job.top_k
     train_cache, held_cache = job_dir / "prepared.npz", job_dir / "prepared-holdout.npz"
     teacher = cfg.teacher
     separate = teacher.startswith("model:")
     if separate and not (train_cache.exists() and (held_cache.exists() or not job.holdout)):
         teacher = load_teacher(job, cache_dir)
-    emit("phase", phase="prepare", samples=len(job.train) + (len(job.holdout) if separate else 0))
-    prep = prepare(lm, job.train, k, train_cache, progress, teacher, cfg.opd_support)
+    samples = job.train
+    if cfg.teacher_answers:
+        from clawd.training.teacher_answers import with_teacher_answers
+
+        emit("phase", phase="teacher_answers", hinted=sum(s.teacher_prompt_ids is not None for s in job.train))
+        stops = job.turn_end.stops if job.turn_end else []
+        cache = job_dir / "teacher-answers.json"
+        samples = with_teacher_answers(lm, job.train, teacher, cfg.teacher_answers, stops, cache)
+        emit("teacher_answers", added=len(samples) - len(job.train))
+    emit("phase", phase="prepare", samples=len(samples) + (len(job.holdout) if separate else 0))
+    prep = prepare(lm, samples, k, train_cache, progress, teacher, cfg.opd_support)
     held = None
     if separate and job.holdout:
-        total = len(job.train) + len(job.holdout)  # one count over both, as the prepare phase announced
+        total = len(samples) + len(job.holdout)  # one count over both, as the prepare phase announced
         held = prepare(
-            lm, job.holdout, k, held_cache, lambda i, _n: progress(len(job.train) + i, total), teacher, cfg.opd_support
+            lm, job.holdout, k, held_cache, lambda i, _n: progress(len(samples) + i, total), teacher, cfg.opd_support
         )
     if not isinstance(teacher, str):
         import mlx.core as mx
@@ -179,7 +192,7 @@ def prepare_all(lm, job, job_dir: Path, cache_dir: Path, progress) -> tuple[list
         del teacher  # its last use: give its weights back before training
         gc.collect()
         mx.clear_cache()
-    return prep, held
+    return samples, prep, held
 
 
 def sample_loss(lm, sample, prep, weights):
@@ -380,6 +393,7 @@ def run(job_dir: Path, cache_dir: Path, out_dir: Path, *, stock_blas: bool = Fal
     from clawd.training.data import read_job
     from clawd.training.export import mlx_to_gguf, save_mlx_adapter
     from clawd.training.loss import LossWeights
+    from clawd.training.teacher_answers import is_teacher_answer
     from clawd.training.weights import load_model
 
     job = read_job(job_dir / "job.json")
@@ -401,14 +415,14 @@ def run(job_dir: Path, cache_dir: Path, out_dir: Path, *, stock_blas: bool = Fal
             raise StopRequested
 
     try:
-        prep, held = prepare_all(lm, job, job_dir, cache_dir, prepared)
+        samples, prep, held = prepare_all(lm, job, job_dir, cache_dir, prepared)
     except StopRequested:
         emit("stopped", step=0, total=0)
         return STOPPED
 
     weights = LossWeights(rl=cfg.w_rl, opd=cfg.w_opd, opd_weighting=cfg.opd_weighting)
     optimizer = optim.AdamW(learning_rate=cfg.learning_rate, betas=[0.9, 0.98], weight_decay=cfg.weight_decay)
-    plan = [b for b in batches(len(job.train), cfg.batch_size) for _ in range(cfg.epochs)]
+    plan = [b for b in batches(len(samples), cfg.batch_size) for _ in range(cfg.epochs)]
     ckpt = job_dir / "checkpoint"
     found = find_checkpoint(ckpt)
     start, history = load_checkpoint(found, lm.model, optimizer) if found else (0, [])
@@ -416,7 +430,7 @@ def run(job_dir: Path, cache_dir: Path, out_dir: Path, *, stock_blas: bool = Fal
     def on_step(step: int, m: dict) -> bool:
         m["step"] = start + step
         history.append(m)
-        emit("step", total=len(plan), tokens=sum(len(job.train[i].response_ids) for i in plan[start + step - 1]), **m)
+        emit("step", total=len(plan), tokens=sum(len(samples[i].response_ids) for i in plan[start + step - 1]), **m)
         return not stop.requested
 
     def stopped(step: int) -> int:
@@ -428,11 +442,11 @@ def run(job_dir: Path, cache_dir: Path, out_dir: Path, *, stock_blas: bool = Fal
     done = train(
         lm.model,
         iter(plan[start:]),
-        lambda i: sample_loss(lm, job.train[i], prep[i], weights),
+        lambda i: sample_loss(lm, samples[i], prep[i], weights),
         optimizer,
         cfg.grad_clip,
         on_step,
-        counts=lambda i: metric_counts(job.train[i], k, weights, prep[i]["mask"]),
+        counts=lambda i: metric_counts(samples[i], k, weights, prep[i]["mask"]),
     )
     # A stop during the last step counts too: checkpoint at len(plan), and a resume goes
     # straight to the gate (the daemon SIGKILLs a trainer that ignores SIGTERM).
@@ -450,7 +464,8 @@ def run(job_dir: Path, cache_dir: Path, out_dir: Path, *, stock_blas: bool = Fal
         k,
         weights.delta_clip,
         cfg.teacher,
-        prepared=held if job.holdout else prep,  # judged on the training signals: reuse their views
+        # Judged on the training signals: reuse their views (the teacher's answers are no signals).
+        prepared=held if job.holdout else [p for s, p in zip(samples, prep) if not is_teacher_answer(s)],
         support=cfg.opd_support,
         weighting=cfg.opd_weighting,
     )
@@ -480,6 +495,7 @@ def run(job_dir: Path, cache_dir: Path, out_dir: Path, *, stock_blas: bool = Fal
     metrics = {
         "steps": len(plan),
         "samples": len(job.train),
+        "teacher_answers": len(samples) - len(job.train),
         "history": history,
         "final": history[-1] if history else {},
         "note": note,

@@ -1,0 +1,122 @@
+"""training.teacher_answers: the hinted teacher's own greedy answer as one more sample (issue 16).
+
+The answer is checked against llama-cpp-python's own greedy decoding of the teacher GGUF in the
+hinted context (an independent engine), its place in the training list and its cache, how a
+stop string and an end token are kept, and a daemon run that trains on it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from clawd.training.data import Sample
+from tests.conftest import TRAIN_ENV, start_daemon
+from tests.test_training_loop import make_ready_signals, training, wait_run
+from tests.tiny_models import build_tiny_gguf
+
+ROOM = 10  # tokens of the teacher's answer
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory) -> dict[str, Path]:
+    d = tmp_path_factory.mktemp("teacher-answers")
+    return {
+        "student": build_tiny_gguf(d / "student.gguf", seed=0),
+        "teacher": build_tiny_gguf(d / "teacher.gguf", seed=11, n_layer=3, n_embd=96, n_ff=192),
+    }
+
+
+def llamacpp_greedy(path: Path, prompt: list[int], max_tokens: int, end_ids) -> list[int]:
+    """llama-cpp-python's greedy continuation (F32 K/V), the end token included if it comes."""
+    import llama_cpp
+
+    llm = llama_cpp.Llama(
+        str(path), n_ctx=256, n_threads=1, logits_all=True, type_k=0, type_v=0, flash_attn=False, verbose=False
+    )
+    out: list[int] = []
+    llm.eval(prompt)
+    for _ in range(max_tokens):
+        tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+        out.append(tok)
+        if tok in end_ids:
+            break
+        llm.eval([tok])
+    return out
+
+
+def samples() -> list[Sample]:
+    rng = np.random.default_rng(4)
+    out = []
+    for i in range(3):
+        prompt = [0] + rng.integers(2, 258, 12 + 3 * i).tolist()
+        hint = rng.integers(2, 258, 6).tolist()
+        hinted = prompt + hint if i != 1 else None  # the second has no hint: no answer follows it
+        out.append(Sample(f"t{i}", prompt, rng.integers(2, 258, 5).tolist(), -1 if hinted else 1, hinted))
+    return out
+
+
+def test_each_hinted_sample_is_followed_by_the_teacher_models_greedy_answer(models, tmp_path):
+    from clawd.training.teacher_answers import is_teacher_answer, with_teacher_answers
+    from clawd.training.weights import load_model
+
+    student, teacher = load_model(models["student"]), load_model(models["teacher"])
+    train = samples()
+    cache = tmp_path / "teacher-answers.json"
+    out = with_teacher_answers(student, train, teacher, ROOM, [], cache)
+
+    assert [s.turn_id for s in out] == ["t0", "t0#teacher", "t1", "t2", "t2#teacher"]
+    assert [is_teacher_answer(s) for s in out] == [False, True, False, False, True]
+    for source, answer in ((out[0], out[1]), (out[3], out[4])):
+        # trained in the student's own prompt, with the hint's OPD term only
+        assert answer.prompt_ids == source.prompt_ids and answer.teacher_prompt_ids == source.teacher_prompt_ids
+        assert answer.reward == 0
+        want = llamacpp_greedy(models["teacher"], source.teacher_prompt_ids, ROOM, teacher.tokenizer.eos_ids)
+        assert answer.response_ids == want
+        assert 1 <= len(answer.response_ids) <= ROOM
+    # ... the teacher model's answer, not the student's base wearing the hint
+    own = with_teacher_answers(student, train, "base", ROOM, [], tmp_path / "base.json")
+    assert own[1].response_ids != out[1].response_ids
+
+    # A resumed run reads the cache: the same samples without a teacher to generate with.
+    assert with_teacher_answers(None, train, None, ROOM, [], cache) == out
+
+
+def test_an_answer_keeps_its_end_token_and_loses_a_stop_strings_tokens():
+    from clawd.training.teacher_answers import answer_ids
+
+    words = {1: "Paris", 2: ".", 3: "\n", 4: "User", 5: ":", 9: "<end>"}
+
+    def decode(ids):
+        return "".join(words[i] for i in ids)
+
+    assert answer_ids([1, 2, 9], True, decode, ["\nUser:"]) == [1, 2, 9]  # ended at the end token
+    assert answer_ids([1, 2, 3, 4, 5], False, decode, ["\nUser:"]) == [1, 2]  # the stop string is not said
+    assert answer_ids([1, 2, 3], False, decode, ["\nUser:"]) == [1, 2, 3]  # cut by the room: kept as is
+
+
+def test_a_daemon_run_trains_on_the_teacher_answers(clawd_home, models):
+    from clawd.engines.llamacpp import Engine
+    from clawd.store import adapters as adapter_rows
+
+    engine = Engine(models["student"], n_ctx=256, n_threads=1, model_id="tiny")
+    env = {
+        **TRAIN_ENV,
+        "CLAWD_TRAINING_TEACHER": f"model:{models['teacher']}",
+        "CLAWD_TRAINING_TEACHER_ANSWERS": 6,
+        "CLAWD_TRAINING_BATCH_SIZE": 16,  # one batch: every step sees the signals and the answers
+    }
+    d = start_daemon(clawd_home, engine, env)
+    try:
+        make_ready_signals(d, 4)  # every other one hinted
+        training(d, "POST")
+        st = wait_run(d)
+        assert st["state"] == "idle" and st["result"]["promoted"], st
+        rec = d.run(adapter_rows.get(d.state.db, st["result"]["adapter_id"]))
+        assert rec.metrics["samples"] == 4 and rec.metrics["teacher_answers"] == 2
+        assert len(rec.signals) == 4  # the teacher's answers are no signals: only these are marked trained
+        # the step took the two answers too: 4 signals (each with its reward) + 2 answers (OPD only)
+        assert rec.metrics["final"]["n_samples"] == 6
+    finally:
+        d.stop()
