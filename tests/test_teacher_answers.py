@@ -17,6 +17,7 @@ from tests.test_training_loop import make_ready_signals, training, wait_run
 from tests.tiny_models import build_tiny_gguf
 
 ROOM = 10  # tokens of the teacher's answer
+MAX_LEN = 512  # training.max_tokens
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +65,7 @@ def test_each_hinted_sample_is_followed_by_the_teacher_models_greedy_answer(mode
     student, teacher = load_model(models["student"]), load_model(models["teacher"])
     train = samples()
     cache = tmp_path / "teacher-answers.json"
-    out = with_teacher_answers(student, train, teacher, ROOM, [], cache)
+    out = with_teacher_answers(student, train, teacher, ROOM, [], cache, MAX_LEN)
 
     assert [s.turn_id for s in out] == ["t0", "t0#teacher", "t1", "t2", "t2#teacher"]
     assert [is_teacher_answer(s) for s in out] == [False, True, False, False, True]
@@ -76,11 +77,58 @@ def test_each_hinted_sample_is_followed_by_the_teacher_models_greedy_answer(mode
         assert answer.response_ids == want
         assert 1 <= len(answer.response_ids) <= ROOM
     # ... the teacher model's answer, not the student's base wearing the hint
-    own = with_teacher_answers(student, train, "base", ROOM, [], tmp_path / "base.json")
-    assert own[1].response_ids != out[1].response_ids
+    own = {s.turn_id: s for s in with_teacher_answers(student, train, "base", ROOM, [], tmp_path / "b.json", MAX_LEN)}
+    assert own["t0#teacher"].response_ids != out[1].response_ids
 
     # A resumed run reads the cache: the same samples without a teacher to generate with.
-    assert with_teacher_answers(None, train, None, ROOM, [], cache) == out
+    assert with_teacher_answers(None, train, None, ROOM, [], cache, MAX_LEN) == out
+
+
+def test_one_at_a_time_small_batches_and_a_resume_give_the_same_answers(models, tmp_path, monkeypatch):
+    """A model whose cache has no batched form answers one prompt at a time, BATCH bounds the rows
+    decoded together, and a run stopped after its first batch keeps it and makes only the rest."""
+    from clawd.training import evaluate, teacher_answers
+    from clawd.training.weights import load_model
+
+    teacher = load_model(models["teacher"])
+    train = samples()
+    batched = teacher_answers.with_teacher_answers(teacher, train, "base", ROOM, [], tmp_path / "a.json", MAX_LEN)
+
+    monkeypatch.setattr(evaluate, "_batch_cache", lambda *_a: None)
+    alone = teacher_answers.with_teacher_answers(teacher, train, "base", ROOM, [], tmp_path / "b.json", MAX_LEN)
+    assert alone == batched
+
+    monkeypatch.setattr(teacher_answers, "BATCH", 1)
+
+    def stop(made: int, total: int) -> None:
+        assert total == 2
+        raise KeyboardInterrupt  # the trainer's StopRequested, as run.prepare_all's progress raises it
+
+    cache = tmp_path / "c.json"
+    with pytest.raises(KeyboardInterrupt):
+        teacher_answers.with_teacher_answers(teacher, train, "base", ROOM, [], cache, MAX_LEN, stop)
+    assert teacher_answers.pending(train, cache)  # one of the two made and kept
+    asked = []
+    monkeypatch.setattr(teacher_answers, "generate", lambda lm, part, *a: asked.append(part) or [[7, 7]])
+    resumed = teacher_answers.with_teacher_answers(teacher, train, "base", ROOM, [], cache, MAX_LEN)
+    assert [[s.turn_id for s in part] for part in asked] == [["t2"]]  # only the missing one
+    assert resumed[:2] == batched[:2] and resumed[-1].response_ids == [7, 7]
+    assert not teacher_answers.pending(train, cache)
+
+
+def test_an_answer_stays_within_training_max_tokens(models, tmp_path):
+    from clawd.training.teacher_answers import with_teacher_answers
+    from clawd.training.weights import load_model
+
+    teacher = load_model(models["teacher"])
+    train = samples()
+    longest = len(train[2].teacher_prompt_ids)  # t2's hinted prompt is the longer one
+    out = with_teacher_answers(teacher, train, "base", ROOM, [], tmp_path / "a.json", longest + 3)
+    by_id = {s.turn_id: s for s in out}
+    assert 1 <= len(by_id["t0#teacher"].response_ids) <= ROOM
+    assert len(by_id["t2#teacher"].response_ids) == 3  # cut to what training.max_tokens leaves
+    out = with_teacher_answers(teacher, train, "base", ROOM, [], tmp_path / "b.json", len(train[0].teacher_prompt_ids))
+    assert [s.turn_id for s in out] == ["t0", "t1", "t2"]  # no room left for any answer
 
 
 def test_an_answer_keeps_its_end_token_and_loses_a_stop_strings_tokens():
@@ -92,6 +140,7 @@ def test_an_answer_keeps_its_end_token_and_loses_a_stop_strings_tokens():
         return "".join(words[i] for i in ids)
 
     assert answer_ids([1, 2, 9], True, decode, ["\nUser:"]) == [1, 2, 9]  # ended at the end token
+    assert answer_ids([9], True, decode, []) == []  # said nothing: it would teach ending the turn at once
     assert answer_ids([1, 2, 3, 4, 5], False, decode, ["\nUser:"]) == [1, 2]  # the stop string is not said
     assert answer_ids([1, 2, 3], False, decode, ["\nUser:"]) == [1, 2, 3]  # cut by the room: kept as is
 
@@ -116,6 +165,7 @@ def test_a_daemon_run_trains_on_the_teacher_answers(clawd_home, models):
         rec = d.run(adapter_rows.get(d.state.db, st["result"]["adapter_id"]))
         assert rec.metrics["samples"] == 4 and rec.metrics["teacher_answers"] == 2
         assert len(rec.signals) == 4  # the teacher's answers are no signals: only these are marked trained
+        assert rec.gate["judged_on"] == "train" and rec.gate["n"] == 4  # ... nor what the gate judges
         # the step took the two answers too: 4 signals (each with its reward) + 2 answers (OPD only)
         assert rec.metrics["final"]["n_samples"] == 6
     finally:

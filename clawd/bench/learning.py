@@ -82,8 +82,8 @@ METHODS = {
     "opd-union": {"w_rl": 0.0, "w_opd": 1.0, "opd_support": "union"},
     # Union with the teacher's weights on its columns (training.opd_weighting = teacher): a
     # forward-KL step, which can raise a token the student gives ~0.
-    "union-fwd": {"w_rl": 1.0, "w_opd": 1.0, "opd_support": "union", "opd_weighting": "teacher"},
-    "opd-union-fwd": {"w_rl": 0.0, "w_opd": 1.0, "opd_support": "union", "opd_weighting": "teacher"},
+    "union-fwd": {**FWD, "w_rl": 1.0},
+    "opd-union-fwd": {**FWD, "w_rl": 0.0},
     # The same, also distilled along the hinted teacher's own greedy answer to each hinted signal
     # (training.teacher_answers = its room in tokens): the positions after a first token the
     # student never samples ("In" → "short") get a signal too.

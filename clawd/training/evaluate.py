@@ -273,6 +273,11 @@ def probe(lm, s: Sample, max_response: int = 64) -> dict:
 END_RATE_TOLERANCE = 0.05
 
 
+def first_stop(text: str, stops: list[str]) -> int:
+    """Where the first of `stops` begins in `text`, or -1."""
+    return min((i for i in (text.find(s) for s in stops if s) if i >= 0), default=-1)
+
+
 def greedy_answer(
     lm,
     prompt_ids: list[int],
@@ -380,7 +385,8 @@ def batch_greedy_ids(
     weights are read once per step for every row, not once per row; that read is what a
     decode step on a CPU costs): per row (ids, ended), where a row that met an end-of-turn
     token holds it last and ended is True; `done(row, ids)` true ends a row there with ended
-    False. Finished rows leave the batch. None when the model's cache has no batched form.
+    False. Finished rows leave the batch. None when the model's cache has no batched form and
+    there is more than one prompt (one prompt needs no padding: the model's own cache serves).
 
     (Prefilling the template's shared preamble once and tiling its cache would save most of
     the prefill; tried with mlx-lm 0.32's right-padded prefill + BatchKVCache.finalize, it gave
@@ -389,7 +395,11 @@ def batch_greedy_ids(
     pads = [width - len(p) for p in prompts]
     cache = _batch_cache(lm.model, pads)
     if cache is None:
-        return None
+        if len(prompts) > 1:
+            return None
+        from mlx_lm.models.cache import make_prompt_cache
+
+        cache = make_prompt_cache(lm.model)
     end_ids = lm.tokenizer.eos_ids
     out: list[list[int]] = [[] for _ in prompts]
     finished: dict[int, bool] = {}  # row -> ended at an end token
@@ -415,11 +425,6 @@ def batch_greedy_ids(
             toks, rows = toks[idx], [rows[k] for k in keep]
         step = toks[:, None].astype(mx.int32)
     return [(o, finished.get(i, False)) for i, o in enumerate(out)]
-
-
-def first_stop(text: str, stops: list[str]) -> int:
-    """Where the first of `stops` begins in `text`, or -1."""
-    return min((i for i in (text.find(s) for s in stops if s) if i >= 0), default=-1)
 
 
 def batch_greedy_answers(

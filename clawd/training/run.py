@@ -167,16 +167,24 @@ def prepare_all(
     train_cache, held_cache = job_dir / "prepared.npz", job_dir / "prepared-holdout.npz"
     teacher = cfg.teacher
     separate = teacher.startswith("model:")
-    if separate and not (train_cache.exists() and (held_cache.exists() or not job.holdout)):
-        teacher = load_teacher(job, cache_dir)
+    answers = job_dir / "teacher-answers.json"
+    # Answers carry the OPD term alone: with w_opd = 0 they would train nothing.
+    answering = cfg.teacher_answers > 0 and cfg.w_opd != 0
+    if separate:
+        from clawd.training.teacher_answers import pending
+
+        prepared = train_cache.exists() and (held_cache.exists() or not job.holdout)
+        if not prepared or (answering and pending(job.train, answers)):
+            teacher = load_teacher(job, cache_dir)
     samples = job.train
-    if cfg.teacher_answers:
+    if answering:
         from clawd.training.teacher_answers import with_teacher_answers
 
-        emit("phase", phase="teacher_answers", hinted=sum(s.teacher_prompt_ids is not None for s in job.train))
+        emit("phase", phase="teacher_answers")
         stops = job.turn_end.stops if job.turn_end else []
-        cache = job_dir / "teacher-answers.json"
-        samples = with_teacher_answers(lm, job.train, teacher, cfg.teacher_answers, stops, cache)
+        samples = with_teacher_answers(
+            lm, job.train, teacher, cfg.teacher_answers, stops, answers, cfg.max_tokens, progress
+        )
         emit("teacher_answers", added=len(samples) - len(job.train))
     emit("phase", phase="prepare", samples=len(samples) + (len(job.holdout) if separate else 0))
     prep = prepare(lm, samples, k, train_cache, progress, teacher, cfg.opd_support)

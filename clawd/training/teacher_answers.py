@@ -14,83 +14,120 @@ The answer trains with the hint's OPD term only (reward 0: no RL term, the user 
 student's answer, not this one), in the student's own prompt, so its π_old, support and
 teacher arrays come from run.prepare exactly as for a sampled answer. It is off-policy, so
 the ratio clip binds on its low-probability tokens after the first step; that is the point of
-the clip, and the gate judges the result as it judges any adapter. Each answer follows the
-sample it answers, so a batch holds both. Answers are cached in the job dir: a resumed run
-trains on the same ones without loading the teacher again.
+the clip, and the gate judges the result as it judges any adapter. Each answer is placed right
+after the sample it answers (the same batch, unless that sample closes one). Answers are
+cached in the job dir as they are made: a stopped run keeps them, and a resumed one makes only
+the missing ones, or none and then loads no teacher.
 """
 
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 from clawd.training.data import Sample
 from clawd.training.evaluate import batch_greedy_ids, first_stop, scoring_teacher
 
-SUFFIX = "#teacher"  # turn_id of a teacher answer: its signal's, marked
+ANSWER_SUFFIX = "#teacher"  # turn_id of a teacher answer: its signal's, marked (turn ids are hex)
+BATCH = 16  # answers decoded together: the K/V cache grows with rows × the longest prompt
 
 
 def is_teacher_answer(sample: Sample) -> bool:
-    return sample.turn_id.endswith(SUFFIX)
+    return sample.turn_id.endswith(ANSWER_SUFFIX)
 
 
 def answer_ids(ids: list[int], at_end_token: bool, decode, stops: list[str]) -> list[int]:
     """The answer's ids as a sample holds them: an end-of-turn token kept (the turn ended
-    there), the tokens that spell a stop string dropped (the user never sees those)."""
+    there), the tokens that spell a stop string dropped (the user never sees those; a token
+    that holds text and the stop's start goes with it). [] for an answer that says nothing:
+    training on it would teach to end the turn at once."""
     if at_end_token:
-        return ids
+        return ids if decode(ids[:-1]).strip() else []
     hit = first_stop(decode(ids), stops)
-    if hit < 0:
-        return ids
-    ids = list(ids)
-    while ids and len(decode(ids)) > hit:  # down to the text before the stop string
-        ids.pop()
-    return ids
+    if hit >= 0:
+        ids = list(ids)
+        while ids and len(decode(ids)) > hit:
+            ids.pop()
+    return ids if decode(ids).strip() else []
 
 
-def generate(lm, samples: list[Sample], teacher, max_tokens: int, stops: list[str]) -> list[list[int]] | None:
-    """The teacher's greedy answer (ids) to each sample's hinted prompt, or None where the model's
-    cache has no batched form (see batch_greedy_ids); an answer cut by `max_tokens` is kept:
-    its first tokens, where an opening preference lives, are the teacher's all the same."""
+def rooms(samples: list[Sample], room: int, max_len: int) -> list[int]:
+    """Tokens each answer may take: `room`, less what a sample longer than training.max_tokens
+    would need (jobs.fit cut the prompts to fit the student's answer, not this one)."""
+    return [min(room, max_len - max(len(s.prompt_ids), len(s.teacher_prompt_ids or []))) for s in samples]
+
+
+def generate(lm, samples: list[Sample], teacher, room: list[int], stops: list[str]) -> list[list[int]]:
+    """The teacher's greedy answer (ids) to each sample's hinted prompt, each within its room;
+    an answer cut by its room is kept: its first tokens, where an opening preference lives,
+    are the teacher's all the same."""
     scorer, context = scoring_teacher(lm, teacher)
     decode = scorer.tokenizer.decode
+    prompts = [s.teacher_prompt_ids for s in samples]
+
+    def full(ids: list[int], limit: int) -> bool:
+        return len(ids) >= limit or (bool(stops) and first_stop(decode(ids), stops) >= 0)
+
     with context:
-        rows = batch_greedy_ids(
-            scorer,
-            [s.teacher_prompt_ids for s in samples],
-            max_tokens,
-            lambda _i, ids: first_stop(decode(ids), stops) >= 0,
-        )
-    if rows is None:
-        return None
+        rows = batch_greedy_ids(scorer, prompts, max(room), lambda i, ids: full(ids, room[i]))
+        if rows is None:  # a cache with no batched form: one at a time
+            rows = [
+                batch_greedy_ids(scorer, [p], r, lambda _i, ids, r=r: full(ids, r))[0] for p, r in zip(prompts, room)
+            ]
     return [answer_ids(ids, ended, decode, stops) for ids, ended in rows]
 
 
 def with_teacher_answers(
-    lm, train: list[Sample], teacher, max_tokens: int, stops: list[str], cache: Path
+    lm,
+    train: list[Sample],
+    teacher,
+    room: int,
+    stops: list[str],
+    cache: Path,
+    max_len: int,
+    progress: Callable[[int, int], None] = lambda _i, _n: None,
 ) -> list[Sample]:
-    """`train` with the teacher's answer after each hinted sample (cached in `cache`)."""
-    hinted = [i for i, s in enumerate(train) if s.teacher_prompt_ids is not None]
-    if cache.exists():
-        answers = {int(i): ids for i, ids in json.loads(cache.read_text(encoding="utf-8")).items()}
-    else:
-        made = generate(lm, [train[i] for i in hinted], teacher, max_tokens, stops) if hinted else []
-        answers = {i: ids for i, ids in zip(hinted, made or [])}
-        tmp = cache.with_name(cache.name + ".tmp")
-        tmp.write_text(json.dumps(answers), encoding="utf-8")
-        os.replace(tmp, cache)
+    """`train` with the teacher's answer after each hinted sample. Answers are made BATCH at a
+    time, each batch saved to `cache` before `progress(made, total)` (which may raise to stop)."""
+    answers = _read(cache)
+    todo = [i for i, s in enumerate(train) if s.teacher_prompt_ids is not None and str(i) not in answers]
+    for b in range(0, len(todo), BATCH):
+        part = todo[b : b + BATCH]
+        fits = [(i, r) for i, r in zip(part, rooms([train[i] for i in part], room, max_len)) if r > 0]
+        made = generate(lm, [train[i] for i, _ in fits], teacher, [r for _, r in fits], stops) if fits else []
+        answers.update({str(i): [] for i in part})  # a sample already at training.max_tokens: none
+        answers.update({str(i): ids for (i, _), ids in zip(fits, made)})
+        _write(cache, answers)
+        progress(min(b + BATCH, len(todo)), len(todo))
     out = []
     for i, s in enumerate(train):
         out.append(s)
-        if answers.get(i):  # an answer that ended before any token teaches nothing
+        if answers.get(str(i)):
             out.append(
                 Sample(
-                    turn_id=s.turn_id + SUFFIX,
+                    turn_id=s.turn_id + ANSWER_SUFFIX,
                     prompt_ids=s.prompt_ids,
-                    response_ids=answers[i],
+                    response_ids=answers[str(i)],
                     reward=0,
                     teacher_prompt_ids=s.teacher_prompt_ids,
                 )
             )
     return out
+
+
+def pending(train: list[Sample], cache: Path) -> bool:
+    """Whether some hinted sample has no answer in `cache` yet (then the teacher must be loaded)."""
+    answers = _read(cache)
+    return any(s.teacher_prompt_ids is not None and str(i) not in answers for i, s in enumerate(train))
+
+
+def _read(cache: Path) -> dict[str, list[int]]:
+    return json.loads(cache.read_text(encoding="utf-8")) if cache.exists() else {}
+
+
+def _write(cache: Path, answers: dict[str, list[int]]) -> None:
+    tmp = cache.with_name(cache.name + ".tmp")
+    tmp.write_text(json.dumps(answers), encoding="utf-8")
+    os.replace(tmp, cache)
