@@ -116,6 +116,27 @@ def test_one_at_a_time_small_batches_and_a_resume_give_the_same_answers(models, 
     assert not teacher_answers.pending(train, cache)
 
 
+def test_an_answer_that_meets_an_end_token_ends_there_and_keeps_it(models, tmp_path, monkeypatch):
+    """Batched greedy ids stop a row at an end-of-turn token and keep it last, as a turn that
+    ended does; the other rows run on (the ending row leaves the batch)."""
+    from clawd.training import teacher_answers
+    from clawd.training.weights import GGUFTokenizer, load_model
+
+    teacher = load_model(models["teacher"])
+    train = samples()
+    free = teacher_answers.with_teacher_answers(teacher, train, "base", ROOM, [], tmp_path / "a.json", MAX_LEN)
+    first = free[1].response_ids
+    end = first[3]  # make t0's fourth token the end-of-turn token
+    assert end not in first[:3]
+    monkeypatch.setattr(GGUFTokenizer, "eos_ids", property(lambda _self: frozenset({end})))
+    out = teacher_answers.with_teacher_answers(teacher, train, "base", ROOM, [], tmp_path / "b.json", MAX_LEN)
+    by_id = {s.turn_id: s.response_ids for s in out}
+    assert by_id["t0#teacher"] == first[:4]  # ended at the end token, and holds it
+    other = {s.turn_id: s.response_ids for s in free}["t2#teacher"]
+    want = other[: other.index(end) + 1] if end in other else other
+    assert by_id["t2#teacher"] == want  # the other row: unchanged up to its own end, if any
+
+
 def test_an_answer_stays_within_training_max_tokens(models, tmp_path):
     from clawd.training.teacher_answers import with_teacher_answers
     from clawd.training.weights import load_model
