@@ -14,8 +14,14 @@ user's held-out first messages, for the base model and each adapter a kept learn
 `--teacher T.gguf` adds the teacher with the user's correction as the miner's hint (METHOD §3,
 `teacher_context`) as the reference the OPD term aims at.
 
+`--prompts qa` asks the QA canary's 50 questions (clawd/training/qa.py) instead of the user's
+held-out messages, and `--also WORD` reads P(WORD) at the first position too: what a lesson for
+the first token does to answers it should leave alone (`--also I`: the first token of Qwen's
+"I'm sorry, but I can't assist with that.", which the `inshort` adapters the gate refused gave to
+"Who wrote Hamlet?").
+
     python benchmarks/preference_token_probe.py --model S.gguf --user inshort \
-        [--home KEPT_ARM_HOME ...] [--teacher T.gguf] [--json OUT]
+        [--home KEPT_ARM_HOME ...] [--teacher T.gguf] [--prompts held-out|qa] [--also WORD ...] [--json OUT]
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from clawd.bench.learning import teacher_context, teacher_hint  # noqa: E402
 from clawd.bench.users import resolve_user  # noqa: E402
+from clawd.training.qa import QA_SET  # noqa: E402
 
 
 def _is_start_of(piece: str, word: str) -> bool:
@@ -95,7 +102,9 @@ def greedy(llm, lp: np.ndarray, end_ids: set[int], max_tokens: int) -> tuple[lis
     return answer, lp
 
 
-def probe_one(llm, fmt, messages, where: str, wanted: np.ndarray, follows, end_ids: set[int], max_tokens: int) -> dict:
+def probe_one(
+    llm, fmt, messages, where: str, wanted: np.ndarray, follows, end_ids: set[int], max_tokens: int, also: dict
+) -> dict:
     prompt = fmt(messages=messages).prompt
     tokens = llm.tokenize(prompt.encode(), add_bos=False, special=True)
     llm.reset()
@@ -106,6 +115,7 @@ def probe_one(llm, fmt, messages, where: str, wanted: np.ndarray, follows, end_i
             "p": float(np.exp(lp[wanted]).sum()),
             "rank": int((lp > lp[best]).sum()) + 1,
             "greedy_hit": bool(wanted[int(np.argmax(lp))]),
+            "also": {word: float(np.exp(lp[mask]).sum()) for word, mask in also.items()},
         }
         opening, _ = greedy(llm, lp, end_ids, OPENING_TOKENS)
         row["opening"] = llm.detokenize(opening).decode("utf-8", "replace")
@@ -127,26 +137,29 @@ def probe_one(llm, fmt, messages, where: str, wanted: np.ndarray, follows, end_i
     return row
 
 
-def probe(model: Path, adapter: Path | None, user, max_tokens: int, hinted: bool) -> dict:
+def probe(
+    model: Path, adapter: Path | None, user, max_tokens: int, hinted: bool, prompts: list[str], also_words: list[str]
+) -> dict:
     import llama_cpp
 
     where, test = PROBES[user.name]
     llm, vocab, fmt = load(model, adapter)
     wanted = np.array([test(t) for t in vocab])
+    also = {w: np.array([t.strip() == w for t in vocab]) for w in also_words}
     if not wanted.any():
         raise SystemExit(f"{model.name}: no token of its vocabulary reads as {user.name}'s preference; wrong model?")
     follows = np.array([FOLLOWS[user.name](t) for t in vocab]) if user.name in FOLLOWS else None
     # Every token llama.cpp itself ends a generation on (end of turn, end of text).
     end_ids = {i for i in range(len(vocab)) if llama_cpp.llama_vocab_is_eog(llm._model.vocab, i)}
     rows = []
-    for i, prompt in enumerate(user.held_out):
+    for i, prompt in enumerate(prompts):
         messages = [{"role": "user", "content": prompt}]
         if hinted:
             hint = teacher_hint(user, prompt, i)
             if hint is None:
                 continue
             messages = teacher_context(prompt, hint)
-        row = probe_one(llm, fmt, messages, where, wanted, follows, end_ids, max_tokens)
+        row = probe_one(llm, fmt, messages, where, wanted, follows, end_ids, max_tokens, also)
         rows.append({"prompt": prompt, **row})
     del llm
     ps = [r["p"] for r in rows]
@@ -156,6 +169,7 @@ def probe(model: Path, adapter: Path | None, user, max_tokens: int, hinted: bool
         out["greedy_hits"] = sum(r["greedy_hit"] for r in rows)
         if follows is not None:
             out["p_follow_mean"] = float(np.mean([r["p_follow"] for r in rows]))
+        out["also_mean"] = {w: float(np.mean([r["also"][w] for r in rows])) for w in also_words}
     else:
         # Only where the greedy answer ended: a row that ran out of room is read mid-sentence.
         ended = [r for r in rows if r["ended"]]
@@ -189,27 +203,38 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--home", type=Path, nargs="*", default=[], help="kept arm homes (clawd bench learning --keep)")
     p.add_argument("--teacher", type=Path, help="also probe this model with the miner's hint")
     p.add_argument("--max-tokens", type=int, default=48, help="room for the greedy answer (the bench's default)")
+    p.add_argument("--prompts", choices=("held-out", "qa"), default="held-out", help="the user's or the QA canary's")
+    p.add_argument(
+        "--also", action="append", default=[], metavar="WORD", help="also read P(WORD) at the first position"
+    )
     p.add_argument("--json", type=Path, help="write every row here")
     args = p.parse_args(argv)
     user = resolve_user(args.user)
     where = PROBES[args.user][0]
+    if args.prompts == "qa" and args.teacher:
+        raise SystemExit("--teacher needs the user's held-out prompts: its hint is the user's correction of them")
+    if args.also and where != "first":
+        raise SystemExit(f"--also reads the first position, and {args.user} is read where the answer ends")
+    prompts = [q for q, _ in QA_SET] if args.prompts == "qa" else user.held_out
     subjects = [("base", args.model, None, False)]
     subjects += [(name, args.model, gguf, False) for h in args.home for name, gguf in adapters_of(h)]
     if args.teacher:
         subjects.append(("teacher + hint", args.teacher, None, True))
     results = {}
     for name, model, adapter, hinted in subjects:
-        r = results[name] = probe(model, adapter, user, args.max_tokens, hinted)
+        r = results[name] = probe(model, adapter, user, args.max_tokens, hinted, prompts, args.also)
         extra = (
             f"median rank {r['rank_median']:g}, greedy first {r['greedy_hits']}/{r['prompts']}"
             + (f", P(next | first) {r['p_follow_mean']:.3f}" if "p_follow_mean" in r else "")
+            + "".join(f", P({w}) {v:.3f}" for w, v in r["also_mean"].items())
             if where == "first"
             else f"ended {r['ended']}/{r['prompts']}; where it ended: P(end) {_fmt(r['p_end_mean'], 3)}, "
             f"P(wanted after a blank line) {_fmt(r['p_after_blank_line_mean'], 4)}"
         )
         print(f"{name:60s} P(wanted) mean {r['p_mean']:.4f} max {r['p_max']:.4f}  {extra}", flush=True)
     if args.json:
-        args.json.write_text(json.dumps({"user": args.user, "where": where, "results": results}, indent=1))
+        out = {"user": args.user, "where": where, "prompts": args.prompts, "results": results}
+        args.json.write_text(json.dumps(out, indent=1))
     return 0
 
 
