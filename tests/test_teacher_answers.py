@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 from clawd.training.data import Sample
-from tests.conftest import TRAIN_ENV, start_daemon
+from tests.test_teacher_model import teacher_daemon
 from tests.test_training_loop import make_ready_signals, training, wait_run
-from tests.tiny_models import build_tiny_gguf
+from tests.tiny_models import build_student_and_teacher
 
 ROOM = 10  # tokens of the teacher's answer
 MAX_LEN = 512  # training.max_tokens
@@ -22,11 +22,7 @@ MAX_LEN = 512  # training.max_tokens
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory) -> dict[str, Path]:
-    d = tmp_path_factory.mktemp("teacher-answers")
-    return {
-        "student": build_tiny_gguf(d / "student.gguf", seed=0),
-        "teacher": build_tiny_gguf(d / "teacher.gguf", seed=11, n_layer=3, n_embd=96, n_ff=192),
-    }
+    return build_student_and_teacher(tmp_path_factory.mktemp("teacher-answers"))
 
 
 def llamacpp_greedy(path: Path, prompt: list[int], max_tokens: int, end_ids) -> list[int]:
@@ -167,17 +163,11 @@ def test_an_answer_keeps_its_end_token_and_loses_a_stop_strings_tokens():
 
 
 def test_a_daemon_run_trains_on_the_teacher_answers(clawd_home, models):
-    from clawd.engines.llamacpp import Engine
     from clawd.store import adapters as adapter_rows
 
-    engine = Engine(models["student"], n_ctx=256, n_threads=1, model_id="tiny")
-    env = {
-        **TRAIN_ENV,
-        "CLAWD_TRAINING_TEACHER": f"model:{models['teacher']}",
-        "CLAWD_TRAINING_TEACHER_ANSWERS": 6,
-        "CLAWD_TRAINING_BATCH_SIZE": 16,  # one batch: every step sees the signals and the answers
-    }
-    d = start_daemon(clawd_home, engine, env)
+    # One batch (batch size 16): every step sees the signals and the answers.
+    env = {"CLAWD_TRAINING_TEACHER_ANSWERS": 6, "CLAWD_TRAINING_BATCH_SIZE": 16}
+    d = teacher_daemon(clawd_home, models["student"], models["teacher"], **env)
     try:
         make_ready_signals(d, 4)  # every other one hinted
         training(d, "POST")

@@ -19,7 +19,7 @@ from clawd.training.data import Sample
 from tests.conftest import TRAIN_ENV, make_env, start_daemon
 from tests.test_training_loop import make_ready_signals, training, wait_run
 from tests.test_training_weights import llamacpp_logprobs  # llama-cpp-python's own Llama: the reference
-from tests.tiny_models import build_tiny_gguf
+from tests.tiny_models import build_student_and_teacher, build_tiny_gguf
 
 K = 4
 
@@ -29,8 +29,7 @@ def models(tmp_path_factory) -> dict[str, Path]:
     """A student, a bigger teacher with the same vocabulary, and two that have another one."""
     d = tmp_path_factory.mktemp("teachers")
     return {
-        "student": build_tiny_gguf(d / "student.gguf", seed=0),
-        "teacher": build_tiny_gguf(d / "teacher.gguf", seed=11, n_layer=3, n_embd=96, n_ff=192),
+        **build_student_and_teacher(d),
         "more-tokens": build_tiny_gguf(d / "more.gguf", seed=11, extra_tokens=["<|extra|>"]),
         "other-student": build_tiny_gguf(d / "other-student.gguf", seed=0, extra_tokens=["<|a|>"]),
         "other-tokens": build_tiny_gguf(d / "other-tokens.gguf", seed=11, extra_tokens=["<|b|>"]),
@@ -131,17 +130,18 @@ def test_the_setting_accepts_base_policy_and_model_name_only(tmp_path):
             teacher(bad)
 
 
-def _daemon(clawd_home, student: Path, teacher: Path):
+def teacher_daemon(clawd_home, student: Path, teacher: Path, **env):
+    """A training daemon serving `student`, with `teacher` as training.teacher (and `env` on top)."""
     from clawd.engines.llamacpp import Engine
 
     engine = Engine(student, n_ctx=256, n_threads=1, model_id="tiny")
-    return start_daemon(clawd_home, engine, {**TRAIN_ENV, "CLAWD_TRAINING_TEACHER": f"model:{teacher}"})
+    return start_daemon(clawd_home, engine, {**TRAIN_ENV, "CLAWD_TRAINING_TEACHER": f"model:{teacher}", **env})
 
 
 def test_a_daemon_trains_and_promotes_with_a_teacher_model(clawd_home, models):
     from clawd.store import adapters as adapter_rows
 
-    d = _daemon(clawd_home, models["student"], models["teacher"])
+    d = teacher_daemon(clawd_home, models["student"], models["teacher"])
     try:
         make_ready_signals(d, 4)  # every other one hinted: OPD terms the teacher model scores
         training(d, "POST")
@@ -155,7 +155,7 @@ def test_a_daemon_trains_and_promotes_with_a_teacher_model(clawd_home, models):
 
 
 def test_a_run_with_a_teacher_of_another_vocabulary_is_refused_with_a_400(clawd_home, models):
-    d = _daemon(clawd_home, models["student"], models["more-tokens"])
+    d = teacher_daemon(clawd_home, models["student"], models["more-tokens"])
     try:
         make_ready_signals(d, 2)
         with d.client() as c:

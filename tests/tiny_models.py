@@ -330,3 +330,11 @@ def build_tiny_lora(
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+def build_student_and_teacher(d: Path) -> dict[str, Path]:
+    """A tiny student and a bigger teacher with the same vocabulary (training.teacher = model:…)."""
+    return {
+        "student": build_tiny_gguf(d / "student.gguf", seed=0),
+        "teacher": build_tiny_gguf(d / "teacher.gguf", seed=11, n_layer=3, n_embd=96, n_ff=192),
+    }

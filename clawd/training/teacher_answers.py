@@ -53,10 +53,10 @@ def answer_ids(ids: list[int], at_end_token: bool, decode, stops: list[str]) -> 
     return ids if decode(ids).strip() else []
 
 
-def rooms(samples: list[Sample], room: int, max_len: int) -> list[int]:
-    """Tokens each answer may take: `room`, less what a sample longer than training.max_tokens
-    would need (jobs.fit cut the prompts to fit the student's answer, not this one)."""
-    return [min(room, max_len - max(len(s.prompt_ids), len(s.teacher_prompt_ids or []))) for s in samples]
+def room_for(sample: Sample, room: int, max_len: int) -> int:
+    """Tokens its answer may take: `room`, less what would take the sample past training.max_tokens
+    (jobs.fit cut the prompts to fit the student's answer, not this one)."""
+    return min(room, max_len - max(len(sample.prompt_ids), len(sample.teacher_prompt_ids or [])))
 
 
 def generate(lm, samples: list[Sample], teacher, room: list[int], stops: list[str]) -> list[list[int]]:
@@ -92,10 +92,10 @@ def with_teacher_answers(
     """`train` with the teacher's answer after each hinted sample. Answers are made BATCH at a
     time, each batch saved to `cache` before `progress(made, total)` (which may raise to stop)."""
     answers = _read(cache)
-    todo = [i for i, s in enumerate(train) if s.teacher_prompt_ids is not None and str(i) not in answers]
+    todo = _missing(train, answers)
     for b in range(0, len(todo), BATCH):
         part = todo[b : b + BATCH]
-        fits = [(i, r) for i, r in zip(part, rooms([train[i] for i in part], room, max_len)) if r > 0]
+        fits = [(i, r) for i in part if (r := room_for(train[i], room, max_len)) > 0]
         made = generate(lm, [train[i] for i, _ in fits], teacher, [r for _, r in fits], stops) if fits else []
         answers.update({str(i): [] for i in part})  # a sample already at training.max_tokens: none
         answers.update({str(i): ids for (i, _), ids in zip(fits, made)})
@@ -119,8 +119,12 @@ def with_teacher_answers(
 
 def pending(train: list[Sample], cache: Path) -> bool:
     """Whether some hinted sample has no answer in `cache` yet (then the teacher must be loaded)."""
-    answers = _read(cache)
-    return any(s.teacher_prompt_ids is not None and str(i) not in answers for i, s in enumerate(train))
+    return bool(_missing(train, _read(cache)))
+
+
+def _missing(train: list[Sample], answers: dict[str, list[int]]) -> list[int]:
+    """The hinted samples (by index) with no answer made yet, answered or found to have no room."""
+    return [i for i, s in enumerate(train) if s.teacher_prompt_ids is not None and str(i) not in answers]
 
 
 def _read(cache: Path) -> dict[str, list[int]]:
