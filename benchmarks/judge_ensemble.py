@@ -4,6 +4,7 @@
 of each of \\boxed{-1}, \\boxed{0}, \\boxed{1}. This replays those stored verdicts (no model is
 run) under three ways of combining the two:
 
+- llm alone m: the likelihood judge's choice where it leads the runner-up by at least m nats;
 - cascade m: the rules' verdict; where they are undecided, the LLM's choice if it leads the
   runner-up by at least m nats (what `mining.judge = "rules>…"` with `mining.likelihood_margin`
   does);
@@ -88,7 +89,7 @@ def row(name: str, labels: list[int], scores: list[Verdict]) -> str:
 
     return (
         f"  {name:12s} {pct(f.accuracy)} {pct(f.correction_recall)} {pct(f.approval_precision)} "
-        f"{pct(f.inverted)} {pct(f.undecided)}"
+        f"{pct(f.inverted)} {pct(f.false_corrections)} {pct(f.undecided)}"
     )
 
 
@@ -101,9 +102,10 @@ def main(argv: list[str] | None = None) -> int:
     for name, (llm, items) in runs_with_logprobs(json.loads(args.results.read_text())).items():
         labels = [it["label"] for it in items]
         print(f"{name}: {llm}, {len(items)} items")
-        print(f"  {'':12s}   acc   rec  prec   inv  undec")
+        print(f"  {'':12s}   acc   rec  prec   inv  neu-1 undec")
         print(row("rules", labels, [it["rules"] for it in items]))
-        print(row("llm alone", labels, [llm_choice(it["logprobs"], 0.0) for it in items]))
+        for m in margins:
+            print(row(f"llm alone {m:g}", labels, [llm_choice(it["logprobs"], m) for it in items]))
         for label, combine in combinations(margins):
             print(row(label, labels, [combine(it["rules"], it["logprobs"]) for it in items]))
     return 0

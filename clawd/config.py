@@ -135,6 +135,11 @@ class MiningSettings:
         "nats (log-prob); closer calls give 0 (no decision). 0 = always the most likely.",
         min=0.0,
     )
+    judge_examples: bool = _f(
+        False,
+        "Show an LLM judge eleven judged turns (clawd/judge_examples.py) before each turn it judges. "
+        "Helps instruct judges find corrections, not the embedded base: README, 'Worked examples'.",
+    )
     temperature: float = _f(0.6, "Judge sampling temperature.", min=0.0)
     top_k: int = _f(4, "Top-k tokens per position for overlap-guided hint selection and OPD.", min=1)
     max_hints: int = _f(3, "Hint candidates kept per turn (shortest first).", min=1)
@@ -198,8 +203,10 @@ class TrainingSettings:
         "Whose probabilities weight the distillation term's tokens: student (METHOD.md §5, the "
         "student's softmax over the support: a token it gives ~0 gets ~0 weight, so even union "
         "cannot raise it) or teacher (the hinted teacher's softmax: a forward-KL step toward "
-        "what the teacher would write, e.g. the 'In short' it opens with).",
-        choices=("student", "teacher"),
+        "what the teacher would write, e.g. the 'In short' it opens with) or both (their mean: "
+        "the teacher's tokens raised, and the student's own tokens the teacher does not write "
+        "pushed down with the student's weight).",
+        choices=("student", "teacher", "both"),
     )
     teacher_answers: int = _f(
         0,

@@ -27,6 +27,7 @@ from clawd.engines.runner import EngineRunner
 from clawd.errors import ConfigError
 from clawd.judge import LikelihoodJudge, LLMJudge
 from clawd.judge_completers import JUDGE_FORMS, completer_for
+from clawd.judge_examples import EXAMPLES
 from clawd.miner import Miner
 from clawd.modelfile import why_untrainable
 from clawd.openwebui.connector import FeedbackSync
@@ -179,9 +180,10 @@ def build_judge(spec: str, settings: Settings, model: ServedModel, paths: Paths 
     completer = completer_for(inner, chat=model, gguf_loader=load_second_model)
     if completer is None:
         return None
+    examples = EXAMPLES if settings.mining.judge_examples else ()
     if likelihood:
-        return LikelihoodJudge(completer, margin=settings.mining.likelihood_margin)
-    return LLMJudge(completer, votes=settings.mining.votes, temperature=settings.mining.temperature)
+        return LikelihoodJudge(completer, margin=settings.mining.likelihood_margin, examples=examples)
+    return LLMJudge(completer, votes=settings.mining.votes, temperature=settings.mining.temperature, examples=examples)
 
 
 async def serve(

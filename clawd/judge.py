@@ -20,6 +20,7 @@ import asyncio
 import re
 import zlib
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -256,16 +257,22 @@ Layout when there is a hint:
 \\boxed{1}"""
 
 
-def evaluative_messages(inp: JudgeInput) -> list[dict]:
-    """Chat messages asking the evaluative judge for \\boxed{1|-1|0} (METHOD §2)."""
-    return [
-        {"role": "system", "content": _EVALUATIVE_SYSTEM},
-        {
-            "role": "user",
-            "content": _turn_sections(inp)
-            + "\n\nDid the response fulfil the user's intent? End with \\boxed{1}, \\boxed{-1} or \\boxed{0}.",
-        },
-    ]
+def evaluative_messages(inp: JudgeInput, examples: Sequence[tuple[JudgeInput, int]] = ()) -> list[dict]:
+    """Chat messages asking the evaluative judge for \\boxed{1|-1|0} (METHOD §2). Each of
+    `examples` (a judged turn and its verdict, clawd/judge_examples.py) comes first as an
+    earlier exchange: the same question, answered with the verdict's box alone."""
+    shown = []
+    for example, verdict in examples:
+        shown += [_evaluative_question(example), {"role": "assistant", "content": VERDICT_TEXTS[verdict]}]
+    return [{"role": "system", "content": _EVALUATIVE_SYSTEM}, *shown, _evaluative_question(inp)]
+
+
+def _evaluative_question(inp: JudgeInput) -> dict:
+    return {
+        "role": "user",
+        "content": _turn_sections(inp)
+        + "\n\nDid the response fulfil the user's intent? End with \\boxed{1}, \\boxed{-1} or \\boxed{0}.",
+    }
 
 
 def hint_messages(inp: JudgeInput) -> list[dict]:
@@ -296,10 +303,19 @@ class Completer(Protocol):
 class LLMJudge:
     """The evaluative and hint judges of METHOD §2-3 over any Completer."""
 
-    def __init__(self, completer: Completer, *, votes: int = 3, temperature: float = 0.6, max_tokens: int = 256):
+    def __init__(
+        self,
+        completer: Completer,
+        *,
+        votes: int = 3,
+        temperature: float = 0.6,
+        max_tokens: int = 256,
+        examples: Sequence[tuple[JudgeInput, int]] = (),
+    ):
         if votes < 1:
             raise ConfigError(f"judge votes must be at least 1, got {votes}")
         self.completer = completer
+        self.examples = tuple(examples)  # judged turns shown before each evaluative question
         self.votes = votes
         self.temperature = temperature
         self.max_tokens = max_tokens
@@ -309,7 +325,7 @@ class LLMJudge:
 
         Raises JudgeUnavailable when the backend fails; asyncio.CancelledError and
         Preempted pass through unchanged."""
-        messages = evaluative_messages(inp)
+        messages = evaluative_messages(inp, self.examples)
         # One vote at a time: the served model runs one call at a time anyway, and the
         # miner can preempt between votes when a user request arrives.
         votes = [parse_vote(await self._complete(messages, seed)) for seed in _seeds(messages, self.votes)]
@@ -381,7 +397,7 @@ class LikelihoodJudge(LLMJudge):
         self.margin = margin
 
     async def evaluate(self, inp: JudgeInput) -> Verdict:
-        messages = evaluative_messages(inp)
+        messages = evaluative_messages(inp, self.examples)
         logprobs = {v: await self._logprob(messages, text) for v, text in VERDICT_TEXTS.items()}
         best = likelihood_choice(logprobs, self.margin)
         if best is None:

@@ -26,6 +26,7 @@ def test_figures_match_hand_counted_verdicts():
     assert f.correction_recall == pytest.approx(2 / 3)
     assert f.approval_precision == pytest.approx(1 / 2)  # judged +1: one correction, one approval
     assert f.inverted == pytest.approx(1 / 5)  # of the five ±1 items, one read the wrong way
+    assert f.false_corrections == 1.0  # the one neutral item was read as a correction
     assert f.undecided == pytest.approx(1 / 6)
     assert f.accuracy == pytest.approx(3 / 6)  # the undecided approval counts as 0, which is wrong
     assert f.votes_parsed is None
@@ -41,6 +42,7 @@ def test_llm_votes_count_parsed_and_ties_as_undecided():
     assert f.correction_recall == 1.0
     assert f.approval_precision is None  # nothing judged +1: no precision to speak of
     assert f.accuracy == pytest.approx(2 / 3)  # the neutral item's 0 matches its label
+    assert f.false_corrections == 0.0
 
 
 def test_hint_check_wants_an_instruction_that_states_the_preference():
@@ -311,3 +313,6 @@ def test_judge_ensemble_reads_only_runs_with_the_llm_alone(tmp_path, capsys):
     assert [line.split()[:3] for line in out if line.strip().startswith("cascade")] == [["cascade", "1", "100.0"]]
     # veto 1: the LLM's -1 by 2.9 nats vetoes the rules' +1 on b; a stays undecided.
     assert [line.split()[2] for line in out if line.strip().startswith("veto")] == ["0.0"]
+    # llm alone 1: -1 on both items (2.9 nats ahead): a right, b inverted; no neutral item (-).
+    alone = [line.split() for line in out if line.strip().startswith("llm alone")]
+    assert alone == [["llm", "alone", "1", "50.0", "100.0", "-", "50.0", "-", "0.0"]]

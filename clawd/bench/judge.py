@@ -261,15 +261,16 @@ def _pct(x: float | None) -> str:
 
 def table(rows: list[dict]) -> str:
     head = (
-        "| judge | split | n | accuracy | correction recall | approval precision | inverted | undecided "
-        "| votes parsed | ms/item | hint states instruction |"
+        "| judge | split | n | accuracy | correction recall | approval precision | inverted | neutral read as -1 "
+        "| undecided | votes parsed | ms/item | hint states instruction |"
     )
     lines = [head, "|" + "---|" * head.count(" | ") + "---|"]
     for r in rows:
         hints = f"{r['hints_ok']}/{r['hints_checked']}" if r["hints_checked"] else "—"
         lines.append(
             f"| {r['judge']} | {r['split']} | {r['n']} | {_pct(r['accuracy'])} | {_pct(r['correction_recall'])} "
-            f"| {_pct(r['approval_precision'])} | {_pct(r['inverted'])} | {_pct(r['undecided'])} "
+            f"| {_pct(r['approval_precision'])} | {_pct(r['inverted'])} | {_pct(r['false_corrections'])} "
+            f"| {_pct(r['undecided'])} "
             f"| {_pct(r['votes_parsed'])} | {r['ms_per_item']:.1f} | {hints} |"
         )
     return "\n".join(lines)

@@ -114,6 +114,9 @@ class Figures:
     correction_recall: float | None  # of label -1: judged -1
     approval_precision: float | None  # of judged +1: labelled +1
     inverted: float | None  # of label ±1: judged the opposite sign
+    # of label 0: judged -1. A topic change read as a correction trains against an answer the
+    # user had nothing against; the figures do not show it, and few-shot judges do it.
+    false_corrections: float | None
     undecided: float
     votes_parsed: float | None  # of all LLM votes: parseable (None for the rules judge)
     ms_per_item: float
@@ -140,6 +143,7 @@ def figures(
         correction_recall=_ratio(sum(lab == -1 and s == -1 for lab, s in pairs), labels.count(-1)),
         approval_precision=_ratio(sum(lab == 1 and s == 1 for lab, s in pairs), given.count(1)),
         inverted=_ratio(sum(lab * s == -1 for lab, s in pairs), sum(lab != 0 for lab in labels)),
+        false_corrections=_ratio(sum(lab == 0 and s == -1 for lab, s in pairs), labels.count(0)),
         undecided=sum(undecided(s, v) for s, v in zip(scores, votes)) / n,
         votes_parsed=_ratio(sum(v is not None for v in all_votes), len(all_votes)) if all_votes else None,
         ms_per_item=1000 * sum(seconds) / n,
