@@ -266,6 +266,8 @@ def test_markdown_table_means_over_seeds():
         ("opd-union-fwd", 0.0, 1.0, "base", "union"),
         ("union-fwd-ta", 1.0, 1.0, "base", "union"),
         ("opd-union-fwd-ta", 0.0, 1.0, "base", "union"),
+        ("union-both-ta", 1.0, 1.0, "base", "union"),
+        ("opd-union-both-ta", 0.0, 1.0, "base", "union"),
     ],
 )
 def test_each_method_is_only_loss_weights_and_teacher_and_the_daemon_reads_them(
@@ -278,7 +280,7 @@ def test_each_method_is_only_loss_weights_and_teacher_and_the_daemon_reads_them(
     s = load_settings(tmp_path / "config.toml", daemon_settings(method, budget))
     t = s.training
     assert (t.w_rl, t.w_opd, t.teacher, t.opd_support) == (w_rl, w_opd, teacher, support)
-    assert t.opd_weighting == ("teacher" if "-fwd" in method else "student")
+    assert t.opd_weighting == ("teacher" if "-fwd" in method else "both" if "-both" in method else "student")
     assert t.teacher_answers == (96 if method.endswith("-ta") else 0)  # the teacher's own answers, in tokens
     assert (t.auto, t.min_signals, t.epochs, t.learning_rate, t.kl_bound, t.holdout) == (False, 3, 2, 3e-4, 0.7, 0.0)
     assert t.batch_size >= 1000  # one run = one batch, whatever the number of signals waiting

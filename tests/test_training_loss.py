@@ -78,11 +78,17 @@ def reference_loss(
             for t in tokens:
                 support = [v for v in range(K) if top_mask is None or top_mask[b][t][v]]
                 old = {v: float(top_old[b][t][v]) for v in support}
-                by = {v: float(top_teacher[b][t][v]) for v in support} if weighting == "teacher" else old
-                z = sum(math.exp(x) for x in by.values())  # softmax over S_i (unshifted is fine here)
+                teacher = {v: float(top_teacher[b][t][v]) for v in support}
+                # softmax over S_i (unshifted is fine here) of the student's, the teacher's or both
+                sources = {"student": [old], "teacher": [teacher], "both": [old, teacher]}[weighting]
+                weights = {v: 0.0 for v in support}
+                for by in sources:
+                    z = sum(math.exp(x) for x in by.values())
+                    for v in support:
+                        weights[v] += math.exp(by[v]) / z / len(sources)
                 term = 0.0
                 for v in support:
-                    weight = math.exp(by[v]) / z
+                    weight = weights[v]
                     delta = clip(top_teacher[b][t][v] - old[v], -C, C)
                     a = weight * delta
                     rho = math.exp(clip(top_new[b][t][v] - old[v], -CLAMP, CLAMP))
@@ -319,16 +325,17 @@ def test_union_padding_columns_are_ignored_even_if_garbage():
 # ---------------------------------------------------------------- teacher weighting (opd_weighting = "teacher")
 
 
+@pytest.mark.parametrize("weighting", ["teacher", "both"])
 @pytest.mark.parametrize("union", [False, True])
-def test_teacher_weighting_matches_reference(union):
+def test_teacher_weighting_matches_reference(union, weighting):
     rng = np.random.default_rng(31 + union)
     for _ in range(5):
         b = union_batch(rng) if union else random_batch(rng)
         b["has_hint"][:2] = True
-        _, m = assert_matches(b, weighting="teacher")
+        _, m = assert_matches(b, weighting=weighting)
         assert m["n_samples"] > 0
     # the weighting matters: the same batch under the student's weights is another loss
-    assert abs(run_mlx(b, LossWeights(opd_weighting="teacher"))[0] - run_mlx(b)[0]) > 1e-4
+    assert abs(run_mlx(b, LossWeights(opd_weighting=weighting))[0] - run_mlx(b)[0]) > 1e-4
 
 
 def test_teacher_weighting_raises_a_token_the_student_never_ranks():
@@ -374,6 +381,37 @@ def test_the_gate_weights_advantages_as_the_loss_does():
             want = math.exp(teacher[t, v]) / z * clip(teacher[t, v] - old[t, v], -C, C) if m[t, v] else 0.0
             assert got[t, v] == pytest.approx(want, rel=1e-9, abs=1e-12)
     assert not np.allclose(got, advantages(old, teacher, C, m))  # the student's weights differ
+    # "both": the mean of the two weightings, column by column
+    both = advantages(old, teacher, C, m, "both")
+    np.testing.assert_allclose(both, (got + advantages(old, teacher, C, m)) / 2, rtol=1e-9, atol=1e-12)
+
+
+def test_both_weighting_raises_the_teachers_token_and_pushes_down_the_students_own():
+    """The inshort refusals (docs/learning.md): training "In" raised "I" with it. Under the
+    teacher's weights the student's "I" (0.25, the teacher's 0.001) gets ~0 of the step;
+    under both it is pushed down with about half the student's weight, and "In" still gets
+    about half the teacher's push up."""
+    lp = np.log(np.array([[[0.30, 0.25, 0.15, 0.10, 0.001]]]))  # student: "The", "I", …, then "In"
+    teacher = np.log(np.array([[[0.05, 0.001, 0.02, 0.01, 0.90]]]))
+    args = dict(
+        lp_new=mx.array(lp[..., 0]),
+        lp_old=mx.array(lp[..., 0]),
+        reward=mx.array([0.0]),
+        top_old=mx.array(lp),
+        top_teacher=mx.array(teacher),
+        has_hint=mx.array([True]),
+        mask=mx.ones((1, 1)),
+    )
+
+    def push(weighting):  # −d loss / d ℓ_θ(v)
+        g = mx.grad(lambda top: hybrid_loss(top_new=top, **args, weights=LossWeights(opd_weighting=weighting))[0])
+        return -np.array(g(mx.array(lp)))[0, 0]
+
+    by_teacher, both = push("teacher"), push("both")
+    assert abs(by_teacher[1]) < 0.01 and both[1] < -0.1  # "I": ~nothing against a real push down
+    assert both[4] > 0.4  # "In" still raised
+    with pytest.raises(ValueError, match="opd_weighting"):
+        push("mixed")
 
 
 def test_all_real_mask_is_the_student_support():

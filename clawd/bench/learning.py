@@ -29,7 +29,8 @@ the hinted teacher (training.teacher = policy) instead of the frozen base; `unio
 and `opd-union` score OPD on the student's top-k ∪ the teacher's (training.opd_support = union);
 `union-fwd` and `opd-union-fwd` also weight those tokens by the teacher's probabilities instead of
 the student's (training.opd_weighting = teacher); the `-ta` variants of those two also train on
-the hinted teacher's own answer to each hinted signal (training.teacher_answers). Before training,
+the hinted teacher's own answer to each hinted signal (training.teacher_answers), and the
+`-both-ta` ones weight by the mean of the two (training.opd_weighting = both). Before training,
 each arm also asks the held-out messages with the user's correction as a hint (the teacher's
 context): how often the hinted teacher complies bounds what distillation can teach. The teacher is
 the served base, or, with training.teacher = "model:PATH" (`--set`), that model, served on its own
@@ -89,6 +90,10 @@ METHODS = {
     # student never samples ("In" → "short") get a signal too.
     "union-fwd-ta": {**FWD, "w_rl": 1.0, "teacher_answers": 96},
     "opd-union-fwd-ta": {**FWD, "w_rl": 0.0, "teacher_answers": 96},
+    # The same with both weightings averaged (training.opd_weighting = both): the student's own
+    # tokens the teacher does not write are pushed down too (the "I" that rose with "In").
+    "union-both-ta": {**FWD, "opd_weighting": "both", "w_rl": 1.0, "teacher_answers": 96},
+    "opd-union-both-ta": {**FWD, "opd_weighting": "both", "w_rl": 0.0, "teacher_answers": 96},
 }
 # Far above any run's sample count: one run = one batch = `epochs` optimizer steps.
 ONE_BATCH = 100_000

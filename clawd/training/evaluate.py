@@ -175,11 +175,17 @@ def advantages(
 ) -> np.ndarray:
     """A_v = softmax_S(ℓ_old)(v) · clip(ℓ_T(v) − ℓ_old(v), −C, C)  (METHOD §5); `mask`: which
     columns are in S_i (a union support's padding gets no weight and A_v = 0); `weighting`
-    "teacher": the softmax is over ℓ_T instead (training.opd_weighting, as the loss does)."""
+    "teacher": the softmax is over ℓ_T instead, "both": the mean of the two
+    (training.opd_weighting, as the loss does)."""
     real = np.ones_like(top_old, dtype=bool) if mask is None else mask.astype(bool)
-    x = np.where(real, top_teacher if weighting == "teacher" else top_old, -np.inf)
-    w = np.where(real, np.exp(x - x.max(axis=1, keepdims=True)), 0.0)
-    w /= w.sum(axis=1, keepdims=True)
+
+    def softmax(lp):
+        x = np.where(real, lp, -np.inf)
+        w = np.where(real, np.exp(x - x.max(axis=1, keepdims=True)), 0.0)
+        return w / w.sum(axis=1, keepdims=True)
+
+    by = {"student": (top_old,), "teacher": (top_teacher,), "both": (top_old, top_teacher)}[weighting]
+    w = sum(softmax(lp) for lp in by) / len(by)
     return np.where(real, w * np.clip(top_teacher - top_old, -delta_clip, delta_clip), 0.0)
 
 

@@ -44,17 +44,26 @@ def _ratio(lp_new: mx.array, lp_old: mx.array, clamp: float) -> mx.array:
     return mx.exp(mx.clip(lp_new - lp_old, -clamp, clamp))
 
 
+WEIGHTINGS = ("student", "teacher", "both")  # training.opd_weighting
+
+
 def opd_column_weights(top_old: mx.array, top_teacher: mx.array, mk: mx.array, weighting: str) -> mx.array:
     """w_v over the real columns of S_i: softmax of ℓ_old (METHOD §5, "student") or of ℓ_T
     ("teacher"). With the student's weights a token the student gives ~0 gets ~0 weight, so
     even a union support cannot raise the "In" or "Cheers" the hinted teacher puts 0.9 on
     (per-token reverse KL is mode-seeking); the teacher's weights make it a forward-KL step on
-    S_i, which pulls mass toward what the teacher would write. Padding columns get a finite
-    −1e9 (exp → 0; a row with no real column, i.e. a padding token, stays finite)."""
-    if weighting not in ("student", "teacher"):
-        raise ValueError(f"opd_weighting must be student or teacher, not {weighting!r}")
-    source = top_teacher if weighting == "teacher" else top_old
-    return mx.softmax(mx.where(mk, source, -1e9), axis=-1)
+    S_i, which pulls mass toward what the teacher would write. "both" averages the two: the
+    teacher's tokens are raised as by "teacher", and a token the student ranks but the teacher
+    does not write keeps the student's weight behind its push down (by "teacher" alone it gets
+    ~0 weight: the "I" that rose with "In" and opened refusals, docs/learning.md). Padding
+    columns get a finite −1e9 (exp → 0; a row with no real column, i.e. a padding token, stays
+    finite)."""
+    if weighting not in WEIGHTINGS:
+        raise ValueError(f"opd_weighting must be one of {', '.join(WEIGHTINGS)}, not {weighting!r}")
+    student, teacher = (mx.softmax(mx.where(mk, x, -1e9), axis=-1) for x in (top_old, top_teacher))
+    if weighting == "both":
+        return (student + teacher) / 2
+    return teacher if weighting == "teacher" else student
 
 
 def _ppo(ratio: mx.array, adv: mx.array, low: float, high: float) -> tuple[mx.array, mx.array]:
