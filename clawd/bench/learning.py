@@ -91,7 +91,7 @@ METHODS = {
     "union-fwd-ta": {**FWD, "w_rl": 1.0, "teacher_answers": 96},
     "opd-union-fwd-ta": {**FWD, "w_rl": 0.0, "teacher_answers": 96},
     # The same with both weightings averaged (training.opd_weighting = both): the student's own
-    # tokens the teacher does not write are pushed down too (the "I" that rose with "In").
+    # tokens the teacher does not write are pushed down too (aimed at the "I" that rose with "In").
     "union-both-ta": {**FWD, "opd_weighting": "both", "w_rl": 1.0, "teacher_answers": 96},
     "opd-union-both-ta": {**FWD, "opd_weighting": "both", "w_rl": 0.0, "teacher_answers": 96},
 }

@@ -55,9 +55,9 @@ def opd_column_weights(top_old: mx.array, top_teacher: mx.array, mk: mx.array, w
     S_i, which pulls mass toward what the teacher would write. "both" averages the two: the
     teacher's tokens are raised as by "teacher", and a token the student ranks but the teacher
     does not write keeps the student's weight behind its push down (by "teacher" alone it gets
-    ~0 weight: the "I" that rose with "In" and opened refusals, docs/learning.md). Padding
-    columns get a finite −1e9 (exp → 0; a row with no real column, i.e. a padding token, stays
-    finite)."""
+    ~0 weight). Aimed at the "I" that rose with "In" and opened refusals; measured, it did not
+    stop them (docs/learning.md). Padding columns get a finite −1e9 (exp → 0; a row with no
+    real column, i.e. a padding token, stays finite)."""
     if weighting not in WEIGHTINGS:
         raise ValueError(f"opd_weighting must be one of {', '.join(WEIGHTINGS)}, not {weighting!r}")
     student, teacher = (mx.softmax(mx.where(mk, x, -1e9), axis=-1) for x in (top_old, top_teacher))
