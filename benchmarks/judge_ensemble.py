@@ -88,7 +88,7 @@ def row(name: str, labels: list[int], scores: list[Verdict]) -> str:
         return "  -  " if x is None else f"{100 * x:5.1f}"
 
     return (
-        f"  {name:12s} {pct(f.accuracy)} {pct(f.correction_recall)} {pct(f.approval_precision)} "
+        f"  {name:14s} {pct(f.accuracy)} {pct(f.correction_recall)} {pct(f.approval_precision)} "
         f"{pct(f.inverted)} {pct(f.false_corrections)} {pct(f.undecided)}"
     )
 
@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, (llm, items) in runs_with_logprobs(json.loads(args.results.read_text())).items():
         labels = [it["label"] for it in items]
         print(f"{name}: {llm}, {len(items)} items")
-        print(f"  {'':12s}   acc   rec  prec   inv  neu-1 undec")
+        print(f"  {'':14s}   acc   rec  prec   inv  neu-1 undec")
         print(row("rules", labels, [it["rules"] for it in items]))
         for m in margins:
             print(row(f"llm alone {m:g}", labels, [llm_choice(it["logprobs"], m) for it in items]))

@@ -137,7 +137,7 @@ class MiningSettings:
     )
     judge_examples: bool = _f(
         False,
-        "Show an LLM judge eleven judged turns (clawd/judge_examples.py) before each turn it judges. "
+        "Show an LLM judge twelve judged turns (clawd/judge_examples.py) before each turn it judges. "
         "Helps instruct judges find corrections, not the embedded base: README, 'Worked examples'.",
     )
     temperature: float = _f(0.6, "Judge sampling temperature.", min=0.0)
@@ -205,7 +205,7 @@ class TrainingSettings:
         "cannot raise it) or teacher (the hinted teacher's softmax: a forward-KL step toward "
         "what the teacher would write, e.g. the 'In short' it opens with) or both (their mean: "
         "the teacher's tokens raised, and the student's own tokens the teacher does not write "
-        "pushed down with the student's weight).",
+        "pushed down, each with half its own side's weight).",
         choices=("student", "teacher", "both"),
     )
     teacher_answers: int = _f(

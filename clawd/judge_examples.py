@@ -1,4 +1,4 @@
-"""Worked examples for the evaluative judge: eleven judged turns, shown to an LLM judge as
+"""Worked examples for the evaluative judge: twelve judged turns, shown to an LLM judge as
 earlier chat turns before the turn it judges (few-shot, `mining.judge_examples`).
 
 Why: asked for \\boxed{} straight away, a small instruct model reads most next states as
@@ -8,13 +8,15 @@ likelihood judge scores the box where the model expects it. Measured in README (
 for the LLM judge"): more corrections found on held-out, but more neutral turns read as
 corrections, so it is off by default.
 
-The examples are written for this module, not taken from the judge corpus, so both corpus
-splits stay honest measures. They mix the verdicts roughly as users do (more corrections than
-approvals, some that tell nothing), several voices (sarcastic, "thanks, but", non-native, a
-correction inside a longer message, a question that challenges the answer), tool results that
-fail and succeed, and an unrelated new request, which says nothing about the answer (0: the
-corpus's convention, METHOD's "ambiguous or unrelated"). The order mixes the verdicts (no three
-neighbours share one), so no run of them pulls the next answer its way.
+The examples are written for this module, not taken from the judge corpus, and a test keeps
+them away from every corpus item (no near copy of a request, response or next message), so both
+splits stay honest measures. Six corrections (sarcastic, "thanks, but", non-native, a
+correction inside a longer message, a question that challenges a wrong fact, a tool error),
+three approvals (one a tool success, one with a follow-up request) and three that tell nothing
+(an unrelated new request, a related question, a non-committal reply: 0, the corpus's
+convention and METHOD's "ambiguous or unrelated", although METHOD §2 also counts moving on as
++1). The first version had two 0 examples of eleven and read most neutral turns as
+corrections on dev; this one has three and ends on one. No three neighbours share a verdict.
 """
 
 from __future__ import annotations
@@ -44,15 +46,15 @@ EXAMPLES: tuple[tuple[JudgeInput, int], ...] = (
         -1,
     ),
     _turn(
-        "How do I undo my last git commit but keep the changes?",
-        "git reset --soft HEAD~1 moves the branch back one commit and keeps your changes staged.",
-        "perfect, that did it",
+        "What can I use instead of buttermilk in pancakes?",
+        "Stir a tablespoon of lemon juice into a cup of milk and let it stand for five minutes.",
+        "did that, they came out fluffy. thanks!",
         1,
     ),
     _turn(
-        "What is the boiling point of water at the top of Everest?",
-        "About 70 °C: the air pressure there is about a third of that at sea level.",
-        "Can you suggest a name for a grey kitten?",
+        "How many legs does a lobster have?",
+        "Ten: eight walking legs and two large claws.",
+        "Write a limerick about a forgetful robot.",
         0,
     ),
     _turn(
@@ -69,22 +71,22 @@ EXAMPLES: tuple[tuple[JudgeInput, int], ...] = (
         "tool",
     ),
     _turn(
-        "What's the weather in Lyon tomorrow?",
-        _call("get_forecast", city="Lyon", country="Franse", day="tomorrow"),
-        '{"error": "unknown country code: Franse"}',
+        "Book a table for two at Nonna's tonight at 8.",
+        _call("reserve_table", restaurant="Nonna's", party=2, time="20:00", date="2025-13-01"),
+        '{"error": "invalid date 2025-13-01: month must be 1-12"}',
         -1,
         "tool",
     ),
     _turn(
-        "When did the Berlin Wall fall?",
-        "The Berlin Wall fell in 1991.",
-        "1991? Isn't that when the Soviet Union ended? I'm fairly sure the wall came down earlier.",
+        "What is the freezing point of seawater?",
+        "0 °C, the same as fresh water.",
+        "The same as fresh water? Doesn't the salt lower it?",
         -1,
     ),
     _turn(
-        "What is a Roth IRA?",
-        "A US retirement account you pay into with after-tax money; qualified withdrawals in retirement are tax-free.",
-        "Is there an income limit for opening one?",
+        "What does a sommelier do?",
+        "A sommelier is a trained wine professional who chooses a restaurant's wines and advises guests on pairings.",
+        "Do they need a certificate to work?",
         0,
     ),
     _turn(
@@ -96,9 +98,9 @@ EXAMPLES: tuple[tuple[JudgeInput, int], ...] = (
         -1,
     ),
     _turn(
-        "Convert this to a table: apples 3, pears 5, plums 2",
-        "| fruit | count |\n|---|---|\n| apples | 3 |\n| pears | 5 |\n| plums | 2 |",
-        "great, thanks! can you do the same for the vegetables list now?",
+        "How many teaspoons are in a tablespoon?",
+        "Three.",
+        "great, thanks. and how many tablespoons in a cup?",
         1,
     ),
     _turn(
@@ -107,5 +109,11 @@ EXAMPLES: tuple[tuple[JudgeInput, int], ...] = (
         "base case is reached; each call pushes a stack frame, and tail-call optimisation can eliminate frames.",
         "is too much complicate for me, please more simple and short",
         -1,
+    ),
+    _turn(
+        "Suggest a title for my blog post about home composting.",
+        '"From Scraps to Soil: A Beginner\'s Guide to Home Composting"',
+        "hmm. not sure yet, I'll come back to it",
+        0,
     ),
 )

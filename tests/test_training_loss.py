@@ -384,6 +384,8 @@ def test_the_gate_weights_advantages_as_the_loss_does():
     # "both": the mean of the two weightings, column by column
     both = advantages(old, teacher, C, m, "both")
     np.testing.assert_allclose(both, (got + advantages(old, teacher, C, m)) / 2, rtol=1e-9, atol=1e-12)
+    with pytest.raises(ValueError, match="opd_weighting"):
+        advantages(old, teacher, C, m, "mixed")
 
 
 def test_both_weighting_raises_the_teachers_token_and_pushes_down_the_students_own():

@@ -184,7 +184,10 @@ def advantages(
         w = np.where(real, np.exp(x - x.max(axis=1, keepdims=True)), 0.0)
         return w / w.sum(axis=1, keepdims=True)
 
-    by = {"student": (top_old,), "teacher": (top_teacher,), "both": (top_old, top_teacher)}[weighting]
+    sources = {"student": (top_old,), "teacher": (top_teacher,), "both": (top_old, top_teacher)}
+    if weighting not in sources:
+        raise ValueError(f"opd_weighting must be one of {', '.join(sources)}, not {weighting!r}")
+    by = sources[weighting]
     w = sum(softmax(lp) for lp in by) / len(by)
     return np.where(real, w * np.clip(top_teacher - top_old, -delta_clip, delta_clip), 0.0)
 

@@ -54,8 +54,8 @@ def opd_column_weights(top_old: mx.array, top_teacher: mx.array, mk: mx.array, w
     (per-token reverse KL is mode-seeking); the teacher's weights make it a forward-KL step on
     S_i, which pulls mass toward what the teacher would write. "both" averages the two: the
     teacher's tokens are raised as by "teacher", and a token the student ranks but the teacher
-    does not write keeps the student's weight behind its push down (by "teacher" alone it gets
-    ~0 weight). Aimed at the "I" that rose with "In" and opened refusals; measured, it did not
+    does not write keeps half the student's weight behind its push down (by "teacher" alone it
+    gets ~0 weight). Aimed at the "I" that rose with "In" and opened refusals; measured, it did not
     stop them (docs/learning.md). Padding columns get a finite −1e9 (exp → 0; a row with no
     real column, i.e. a padding token, stays finite)."""
     if weighting not in WEIGHTINGS:
@@ -88,7 +88,7 @@ def hybrid_loss(
     """L = mean over samples with a term of (w_RL·mean_i L_RL,i + w_OPD·mean_i L_OPD,i).
 
     `weights.opd_weighting = "teacher"` weights the OPD columns by the hinted teacher's
-    softmax over S_i instead of the student's (`opd_column_weights`).
+    softmax over S_i instead of the student's, "both" by their mean (`opd_column_weights`).
 
     Log-probs are global (full-vocabulary softmax), never renormalised over S_i.
     `top_mask`: a support of varying size per position (training.opd_support = "union": the
