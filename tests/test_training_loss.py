@@ -338,12 +338,9 @@ def test_teacher_weighting_matches_reference(union, weighting):
     assert abs(run_mlx(b, LossWeights(opd_weighting=weighting))[0] - run_mlx(b)[0]) > 1e-4
 
 
-def test_teacher_weighting_raises_a_token_the_student_never_ranks():
-    """The inshort case, measured with llama.cpp on Qwen 0.5B / 1.5B: at the first position the
-    student puts ~0.001 on "In", the hinted teacher 0.9. On a union support the student's
-    weights give that column ~0.001 of the step; the teacher's give it most of it."""
-    lp = np.log(np.array([[[0.30, 0.25, 0.15, 0.10, 0.001]]]))  # student: 4 top tokens, then "In"
-    teacher = np.log(np.array([[[0.02, 0.01, 0.01, 0.01, 0.90]]]))
+def _push(lp: np.ndarray, teacher: np.ndarray, weighting: str) -> np.ndarray:
+    """−d loss / d ℓ_θ(v) of one hinted OPD position (support = lp's columns, π_θ = π_old): how
+    hard a step raises each column under `weighting`."""
     args = dict(
         lp_new=mx.array(lp[..., 0]),
         lp_old=mx.array(lp[..., 0]),
@@ -353,12 +350,17 @@ def test_teacher_weighting_raises_a_token_the_student_never_ranks():
         has_hint=mx.array([True]),
         mask=mx.ones((1, 1)),
     )
+    g = mx.grad(lambda top: hybrid_loss(top_new=top, **args, weights=LossWeights(opd_weighting=weighting))[0])
+    return -np.array(g(mx.array(lp)))[0, 0]
 
-    def push(weighting):  # −d loss / d ℓ_θ(v): how hard a step raises each column
-        g = mx.grad(lambda top: hybrid_loss(top_new=top, **args, weights=LossWeights(opd_weighting=weighting))[0])
-        return -np.array(g(mx.array(lp)))[0, 0]
 
-    student, by_teacher = push("student"), push("teacher")
+def test_teacher_weighting_raises_a_token_the_student_never_ranks():
+    """The inshort case, measured with llama.cpp on Qwen 0.5B / 1.5B: at the first position the
+    student puts ~0.001 on "In", the hinted teacher 0.9. On a union support the student's
+    weights give that column ~0.001 of the step; the teacher's give it most of it."""
+    lp = np.log(np.array([[[0.30, 0.25, 0.15, 0.10, 0.001]]]))  # student: 4 top tokens, then "In"
+    teacher = np.log(np.array([[[0.02, 0.01, 0.01, 0.01, 0.90]]]))
+    student, by_teacher = _push(lp, teacher, "student"), _push(lp, teacher, "teacher")
     assert student[4] < 0.01 and by_teacher[4] > 0.8  # "In": ~0 of the step against most of it
     assert (by_teacher[:4] < 0).all()  # the student's own top tokens are pushed down
     # Independent reading of the same step: A_v = w_v · clip(Δ, ±1) with w_v by hand.
@@ -395,25 +397,11 @@ def test_both_weighting_raises_the_teachers_token_and_pushes_down_the_students_o
     about half the teacher's push up."""
     lp = np.log(np.array([[[0.30, 0.25, 0.15, 0.10, 0.001]]]))  # student: "The", "I", …, then "In"
     teacher = np.log(np.array([[[0.05, 0.001, 0.02, 0.01, 0.90]]]))
-    args = dict(
-        lp_new=mx.array(lp[..., 0]),
-        lp_old=mx.array(lp[..., 0]),
-        reward=mx.array([0.0]),
-        top_old=mx.array(lp),
-        top_teacher=mx.array(teacher),
-        has_hint=mx.array([True]),
-        mask=mx.ones((1, 1)),
-    )
-
-    def push(weighting):  # −d loss / d ℓ_θ(v)
-        g = mx.grad(lambda top: hybrid_loss(top_new=top, **args, weights=LossWeights(opd_weighting=weighting))[0])
-        return -np.array(g(mx.array(lp)))[0, 0]
-
-    by_teacher, both = push("teacher"), push("both")
+    by_teacher, both = _push(lp, teacher, "teacher"), _push(lp, teacher, "both")
     assert abs(by_teacher[1]) < 0.01 and both[1] < -0.1  # "I": ~nothing against a real push down
     assert both[4] > 0.4  # "In" still raised
     with pytest.raises(ValueError, match="opd_weighting"):
-        push("mixed")
+        _push(lp, teacher, "mixed")
 
 
 def test_all_real_mask_is_the_student_support():

@@ -60,10 +60,8 @@ def opd_column_weights(top_old: mx.array, top_teacher: mx.array, mk: mx.array, w
     real column, i.e. a padding token, stays finite)."""
     if weighting not in WEIGHTINGS:
         raise ValueError(f"opd_weighting must be one of {', '.join(WEIGHTINGS)}, not {weighting!r}")
-    student, teacher = (mx.softmax(mx.where(mk, x, -1e9), axis=-1) for x in (top_old, top_teacher))
-    if weighting == "both":
-        return (student + teacher) / 2
-    return teacher if weighting == "teacher" else student
+    sources = {"student": (top_old,), "teacher": (top_teacher,), "both": (top_old, top_teacher)}[weighting]
+    return sum(mx.softmax(mx.where(mk, x, -1e9), axis=-1) for x in sources) / len(sources)
 
 
 def _ppo(ratio: mx.array, adv: mx.array, low: float, high: float) -> tuple[mx.array, mx.array]:
