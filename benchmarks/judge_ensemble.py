@@ -8,14 +8,18 @@ run) under three ways of combining the two:
 - cascade m: the rules' verdict; where they are undecided, the LLM's choice if it leads the
   runner-up by at least m nats (what `mining.judge = "rules>…"` with `mining.likelihood_margin`
   does);
+- llm first m: the other order: the LLM's choice where it leads by at least m nats, else the
+  rules' verdict (replayed only: on the select split it ties the cascade at its best margin
+  and trails it in recall and precision, so the miner keeps the rules first);
 - agree: a verdict only where the rules and the LLM's choice agree (fewer, surer signals);
 - veto m: the rules' verdict unless the LLM picks the opposite sign by at least m nats (then
   undecided).
 
-Pick m on the dev run and read the held-out run only as the report: held-out items are never
-tuned on.
+Pick the combination and m on the select split and read the held-out run only as the report:
+held-out items are never tuned on. (Dev cannot pick between orders: the rules were widened on
+it, so every order that lets the LLM overrule them loses there.)
 
-    python benchmarks/judge_ensemble.py [--results docs/judge-llm-results.json] [--margins 0,0.5,1,2]
+    python benchmarks/judge_ensemble.py [--results docs/judge-llm-results.json | OUT.json] [--margins 0,0.5,1,2]
 """
 
 from __future__ import annotations
@@ -44,6 +48,11 @@ def cascade(rules: Verdict, logprobs: dict[str, float], margin: float) -> Verdic
     return rules if rules is not None else llm_choice(logprobs, margin)
 
 
+def llm_first(rules: Verdict, logprobs: dict[str, float], margin: float) -> Verdict:
+    sure = llm_choice(logprobs, margin)
+    return sure if sure is not None else rules
+
+
 def agree(rules: Verdict, logprobs: dict[str, float]) -> Verdict:
     return rules if rules is not None and rules == llm_choice(logprobs, 0.0) else None
 
@@ -57,6 +66,7 @@ def combinations(margins: list[float]) -> list[tuple[str, object]]:
     out: list[tuple[str, object]] = [("agree", agree)]
     for m in margins:
         out.append((f"cascade {m:g}", lambda r, lp, m=m: cascade(r, lp, m)))
+        out.append((f"llm first {m:g}", lambda r, lp, m=m: llm_first(r, lp, m)))
         out.append((f"veto {m:g}", lambda r, lp, m=m: veto(r, lp, m)))
     return out
 
@@ -99,7 +109,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--margins", default="0,0.5,1,2", help="comma list of margins in nats")
     args = p.parse_args(argv)
     margins = [float(m) for m in args.margins.split(",")]
-    for name, (llm, items) in runs_with_logprobs(json.loads(args.results.read_text())).items():
+    results = json.loads(args.results.read_text())
+    if "runs" not in results:  # one `clawd bench judge --json` file rather than a collection of runs
+        results = {"runs": {args.results.stem: results}}
+    for name, (llm, items) in runs_with_logprobs(results).items():
         labels = [it["label"] for it in items]
         print(f"{name}: {llm}, {len(items)} items")
         print(f"  {'':14s}   acc   rec  prec   inv  neu-1 undec")

@@ -218,6 +218,14 @@ class TrainingSettings:
         min=0,
         max=1024,
     )
+    teacher_answers_weight: float = _f(
+        1.0,
+        "How much each of the teacher's answers counts in its batch against a signal's 1 (its "
+        "gradient and its share of the batch mean): below 1, a smaller step toward the teacher's "
+        "own wording, whose first tokens also drag in what the student generalises from them.",
+        min=0.0,
+        max=1.0,
+    )
     max_tokens: int = _f(
         512, "Longest prompt+response a sample may have; longer prompts are cut from the left.", min=16
     )

@@ -106,6 +106,13 @@ def test_shipped_corpus_follows_the_format():
     assert {r["kind"] for r in dev} == scoring.KINDS
     # every correction that names a fix carries it as an instruction
     assert sum(r["instruction"] is not None for r in dev) >= 0.9 * labels.count(-1)
+    # the select split chooses how judges combine: big enough to tell two orders apart, in the
+    # same balance, and every correction with its instruction
+    select = splits["select"]
+    labels = [r["label"] for r in select]
+    assert len(select) >= 120
+    assert 0.38 <= labels.count(-1) / len(select) <= 0.52 and 0.18 <= labels.count(0) / len(select) <= 0.36
+    assert all(r["instruction"] for r in select if r["label"] == -1)
 
 
 def test_tool_call_response_reads_as_the_calls():
@@ -278,6 +285,9 @@ def test_judge_ensembles_combine_rules_and_log_probs_as_documented():
     # veto: the rules' verdict unless the LLM says the opposite sign by the margin
     assert ens.veto(1, leans_minus, 1.0) is None and ens.veto(1, leans_minus, 2.0) == 1
     assert ens.veto(-1, barely_plus, 0.0) is None and ens.veto(0, leans_minus, 0.0) == 0
+    # llm first: the LLM where it leads by the margin, else the rules (undecided rules stay so)
+    assert ens.llm_first(1, leans_minus, 1.0) == -1 and ens.llm_first(1, leans_minus, 2.0) == 1
+    assert ens.llm_first(None, barely_plus, 0.5) is None and ens.llm_first(-1, barely_plus, 0.5) == -1
 
 
 def test_judge_ensemble_reads_only_runs_with_the_llm_alone(tmp_path, capsys):
@@ -309,6 +319,11 @@ def test_judge_ensemble_reads_only_runs_with_the_llm_alone(tmp_path, capsys):
     path.write_text(json.dumps(results))
     assert ens.main(["--results", str(path), "--margins", "1"]) == 0
     out = capsys.readouterr().out.splitlines()
+    # one `clawd bench judge --json` file reads as a collection of that one run
+    single = tmp_path / "single.json"
+    single.write_text(json.dumps(results["runs"]["both"]))
+    assert ens.main(["--results", str(single), "--margins", "1"]) == 0
+    assert capsys.readouterr().out.splitlines()[1:] == out[1:] and out[0].startswith("both:")
     # cascade 1: item a from the LLM (-1, right), item b from the rules (+1, right): all right.
     assert [line.split()[:3] for line in out if line.strip().startswith("cascade")] == [["cascade", "1", "100.0"]]
     # veto 1: the LLM's -1 by 2.9 nats vetoes the rules' +1 on b; a stays undecided.
@@ -316,3 +331,5 @@ def test_judge_ensemble_reads_only_runs_with_the_llm_alone(tmp_path, capsys):
     # llm alone 1: -1 on both items (2.9 nats ahead): a right, b inverted; no neutral item (-).
     alone = [line.split() for line in out if line.strip().startswith("llm alone")]
     assert alone == [["llm", "alone", "1", "50.0", "100.0", "-", "50.0", "-", "0.0"]]
+    # llm first 1: -1 on both (the LLM is sure on both): as the LLM alone.
+    assert [line.split()[3:] for line in out if line.strip().startswith("llm first")] == [alone[0][3:]]

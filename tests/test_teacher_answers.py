@@ -162,11 +162,16 @@ def test_an_answer_keeps_its_end_token_and_loses_a_stop_strings_tokens():
     assert answer_ids([1, 2, 3], False, decode, ["\nUser:"]) == [1, 2, 3]  # cut by the room: kept as is
 
 
-def test_a_daemon_run_trains_on_the_teacher_answers(clawd_home, models):
+@pytest.mark.parametrize("weight", [1.0, 0.5])
+def test_a_daemon_run_trains_on_the_teacher_answers(clawd_home, models, weight):
     from clawd.store import adapters as adapter_rows
 
     # One batch (batch size 16): every step sees the signals and the answers.
-    env = {"CLAWD_TRAINING_TEACHER_ANSWERS": 6, "CLAWD_TRAINING_BATCH_SIZE": 16}
+    env = {
+        "CLAWD_TRAINING_TEACHER_ANSWERS": 6,
+        "CLAWD_TRAINING_BATCH_SIZE": 16,
+        "CLAWD_TRAINING_TEACHER_ANSWERS_WEIGHT": weight,
+    }
     d = teacher_daemon(clawd_home, models["student"], models["teacher"], **env)
     try:
         make_ready_signals(d, 4)  # every other one hinted
@@ -177,7 +182,8 @@ def test_a_daemon_run_trains_on_the_teacher_answers(clawd_home, models):
         assert rec.metrics["samples"] == 4 and rec.metrics["teacher_answers"] == 2
         assert len(rec.signals) == 4  # the teacher's answers are no signals: only these are marked trained
         assert rec.gate["judged_on"] == "train" and rec.gate["n"] == 4  # ... nor what the gate judges
-        # the step took the two answers too: 4 signals (each with its reward) + 2 answers (OPD only)
-        assert rec.metrics["final"]["n_samples"] == 6
+        # the step took the two answers too: 4 signals (each with its reward) + 2 answers (OPD
+        # only), each answer counted training.teacher_answers_weight times
+        assert rec.metrics["final"]["n_samples"] == 4 + 2 * weight
     finally:
         d.stop()

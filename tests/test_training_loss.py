@@ -764,3 +764,43 @@ def test_union_prepare_caches_the_mask_and_trains_at_ratio_one(lm, tmp_path):
     _, m = sample_loss(lm, sample, again, LossWeights())
     assert float(m["ratio_mean"]) == 1.0 and float(m["opd_clip_frac"]) == 0.0
     assert metric_counts(sample, 4, LossWeights(), again["mask"])["opd_clip_frac"] == again["mask"].sum()
+
+
+@pytest.mark.parametrize("w", [0.0, 0.5])
+def test_a_weighted_sample_counts_w_times_in_its_batch_mean(w, tmp_path):
+    """training.teacher_answers_weight: one step of `train` over [signal, answer] with the
+    answer weighted w moves the LoRA by (g_signal + w·g_answer) / (1 + w), each gradient taken
+    alone by MLX autodiff; w = 0 is the step without the answer."""
+    import mlx.optimizers as optim
+
+    from clawd.training.data import Sample
+    from clawd.training.run import prepare, sample_loss, train, weighted
+
+    lm = add_lora(tiny_lm(0))
+    rng = np.random.default_rng(41)
+    hint = [3, 4, 5, 6, 7, 8, 9]
+    signal = Sample("s", rng.integers(0, 100, 5).tolist(), rng.integers(0, 100, 6).tolist(), -1, hint)
+    answer = Sample("s#teacher", signal.prompt_ids, rng.integers(0, 100, 4).tolist(), 0, hint)
+    prep = prepare(lm, [signal, answer], 4, tmp_path / "p.npz", lambda i, n: None, "base", "union")
+    samples, weights = [signal, answer], LossWeights()
+
+    def grad(i):
+        g = nn.value_and_grad(lm.model, lambda _m: sample_loss(lm, samples[i], prep[i], weights)[0])(lm.model)[1]
+        return {k: np.array(v) for k, v in tree_flatten(g)}
+
+    g_signal, g_answer = grad(0), grad(1)
+    before = {k: np.array(v) for k, v in tree_flatten(lm.model.trainable_parameters())}
+    done = train(
+        lm.model,
+        iter([[0, 1]]),
+        lambda i: weighted(sample_loss(lm, samples[i], prep[i], weights), w if i == 1 else 1.0),
+        optim.SGD(learning_rate=1.0),
+        0.0,
+        lambda step, m: True,
+    )
+    assert done == 1
+    after = {k: np.array(v) for k, v in tree_flatten(lm.model.trainable_parameters())}
+    assert np.abs(g_answer["model.layers.0.self_attn.q_proj.lora_b"]).max() > 1e-4  # the answer moves the LoRA
+    for k in before:
+        want = -(g_signal[k] + w * g_answer[k]) / (1 + w)
+        np.testing.assert_allclose(after[k] - before[k], want, rtol=1e-4, atol=1e-6)

@@ -1,6 +1,6 @@
 """How well do clawd's judges read a next state? Every configured judge on the labelled corpus.
 
-    clawd bench judge [--judge rules|self|gguf:PATH|openai:URL[#MODEL] ...] [--split dev|heldout|all]
+    clawd bench judge [--judge rules|self|gguf:PATH|openai:URL[#MODEL] ...] [--split dev|select|heldout|all]
                       [--limit N | --sample N] [--cascade-only] [--no-hints] [--model PATH]
                       [--json OUT] [--hints]
     (or: make bench-judge ARGS="...")
@@ -9,7 +9,9 @@ The corpus (clawd/bench/judge_corpus/*.jsonl, format in README "Judge benchmark"
 hand-labelled turns: a request, the assistant's response, the next state (the user's next
 message or a tool result), a label (-1 correction / 0 neutral / +1 approval) and, for
 corrections, the instruction the next state carries. The dev split is for tuning judges;
-the held-out split is written separately and only ever reported.
+the select split, written after the rules were widened on dev, only chooses how judges are
+combined (order, margin), never a rule, prompt or example; the held-out split is written
+separately and only ever reported.
 
 Judges are built and called exactly as the miner builds and calls them: the rules judge is
 clawd.judge_rules.RulesJudge (`evaluate`, and `correction` for the hint), an LLM judge comes
@@ -43,7 +45,7 @@ from clawd.judge import JudgeInput, JudgeUnavailable
 from clawd.judge_rules import RulesJudge
 
 CORPUS_DIR = Path(__file__).parent / "judge_corpus"
-SPLITS = ("dev", "heldout")
+SPLITS = ("dev", "select", "heldout")
 
 
 # ---------------------------------------------------------------------------------------
@@ -103,7 +105,7 @@ def to_item(row: dict, split: str) -> Item:
 def load_items(
     split: str, limit: int | None = None, corpus_dir: Path = CORPUS_DIR, *, sample: int | None = None
 ) -> list[Item]:
-    """The items of `split` ("dev", "heldout" or "all"), validated; `limit` per split (the
+    """The items of `split` (one of SPLITS or "all"), validated; `limit` per split (the
     first N), or `sample` per split (N spread over the whole split, the same N every run)."""
     wanted = SPLITS if split == "all" else (split,)
     found = {s: read_split(s, corpus_dir) for s in wanted}
@@ -302,7 +304,7 @@ def build_parser() -> argparse.ArgumentParser:
         "likelihood:gguf:PATH; "
         "default: rules and config.toml's mining.judge",
     )
-    p.add_argument("--split", choices=["dev", "heldout", "all"], default="dev", help="corpus split (default dev)")
+    p.add_argument("--split", choices=[*SPLITS, "all"], default="dev", help="corpus split (default dev)")
     p.add_argument("--limit", type=int, help="at most N items per split (the first N)")
     p.add_argument("--sample", type=int, metavar="N", help="N items per split, spread evenly over it (for slow judges)")
     p.add_argument("--model", help="GGUF for the 'self' judge (default: config.toml's model, else the embedded one)")

@@ -17,7 +17,7 @@ KINDS = frozenset(
 )
 VOICES = frozenset("terse polite sarcastic non_native thanks_but challenging_question embedded neutral tool".split())
 FIELDS = ("id", "kind", "voice", "messages", "response", "next", "label", "instruction")
-ID_PREFIX = {"dev": "dev-", "heldout": "ho-"}
+ID_PREFIX = {"dev": "dev-", "select": "sel-", "heldout": "ho-"}
 
 
 # ---------------------------------------------------------------------------------------

@@ -229,6 +229,17 @@ def sample_loss(lm, sample, prep, weights):
     )
 
 
+def weighted(loss_and_metrics, w: float):
+    """One sample's (loss, metrics) counted w times in its batch: its loss, and so its
+    gradient, times w, and its n_samples times w, so `train`'s mean over the batch is
+    Σ w_i g_i / Σ w_i (w = 0 is the batch without the sample, not a zero that dilutes it).
+    training.teacher_answers_weight gives the teacher's answers a smaller step than the signals."""
+    if w == 1.0:
+        return loss_and_metrics
+    loss, metrics = loss_and_metrics
+    return loss * w, {**metrics, "n_samples": metrics["n_samples"] * w}
+
+
 def batches(n: int, batch_size: int) -> list[list[int]]:
     return [list(range(i, min(i + batch_size, n))) for i in range(0, n, batch_size)]
 
@@ -450,7 +461,10 @@ def run(job_dir: Path, cache_dir: Path, out_dir: Path, *, stock_blas: bool = Fal
     done = train(
         lm.model,
         iter(plan[start:]),
-        lambda i: sample_loss(lm, samples[i], prep[i], weights),
+        lambda i: weighted(
+            sample_loss(lm, samples[i], prep[i], weights),
+            cfg.teacher_answers_weight if is_teacher_answer(samples[i]) else 1.0,
+        ),
         optimizer,
         cfg.grad_clip,
         on_step,
