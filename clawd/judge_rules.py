@@ -34,7 +34,6 @@ NEUTRAL = _rx(
     r"\bdon'?t need anything (else|more)\b",
     r"\bdon'?t change (a thing|anything)\b",
     r"\b(can'?t|couldn'?t) (complain|thank you enough|be happier)\b",
-    r"\bno complaints\b",
     r"\bno longer\b",
     r"\bno (errors?|issues?|bugs?|problems?)\b",
     # owning up to one's own mistake is thanks, not a complaint
@@ -43,6 +42,13 @@ NEUTRAL = _rx(
     r"\bhow exactly\b",
     # asking how to say something in a language is a new request, not a language complaint
     r"\bhow (do (i|you) |to |would (i|you) |can i )?(say|write|spell|translate)\b.*",
+    # "can I use oat milk instead?", "if they're warm rather than cold, should I...?": the user
+    # asks about their own options; "could YOU use X instead" stays a change request
+    r"\b(can|could|should|shall|may|do|would|will) (i|we) [^.!?]*\b(instead|rather than)\b[^.!?]*\?",
+    r"\bif [^.!?]*\b(instead|rather than)\b[^.!?]*,\s*(should|can|could|do|would|will) (i|we)\b[^.!?]*\?",
+    # the user's own plans: "we're going to redo the kitchen floor"
+    r"\b(i|we)('m|'re| am| are)?( also| finally| just)? (going to|gonna|will|want to|need to|have to|plan to|planning to)"
+    r" (redo|re-do|rewrite|start over)\b",
 )
 
 STRONG = _rx(
@@ -122,7 +128,7 @@ STRONG = _rx(
     r"|your( \w+)? (answer|reply|response)) (a (bit|little|lot) |much |way |even |slightly )?"
     r"(more|less|shorter|longer|simpler|clearer|smaller|bigger|faster|cleaner|friendlier|warmer|funnier|easier"
     r"|briefer|tighter)\b",
-    r"\bbe (a (bit|little|lot) |much |way )?(more|less) \w+",
+    r"\bbe (a (bit|little|lot) |much |way )?(more|less) (?!(my|your|his|her|our|their|of|than|like)\b)\w+",
     r"(^|[.!?]\s*)(a (bit|little|lot) )?(more|less) "
     r"(?!of\b|please\b|than\b|importantly\b|or\b|and\b|likely\b)\w+",
     r"\b(shorter|briefer|terser|simpler|more concise|less verbose|less wordy)\b",
@@ -149,6 +155,7 @@ STRONG = _rx(
     r"(?!\W+(actually|i'?ll|i will|i'?m|i am|i won'?t|we'?ll|i ended|i think i'?ll))",
     # a standing preference: it names the future
     r"\b(next time|from now on|in (the )?future|going forward|every time)\b",
+    r"\bfrom now,? (please|pls|only|just|always|never)\b",
     r"\bstay in (character|role)\b",
     r"\b(up ?front|at the (top|start|beginning))\b[^.!?]{0,20}$|\bput [^.!?]{0,30}\b(up ?front|first|at the (top|start))\b",
     r"\blead with\b",
@@ -176,6 +183,7 @@ STRONG = _rx(
     r"\bvery \w+ of you\b",
     r"\bwhat year is it\b",
     r"\b(a|the) whole (lecture|essay|novel|book|speech|sermon|saga)\b",
+    r"^\W*(great|wonderful|fantastic|brilliant|perfect|lovely|super),? (so )?now (i|we) (need|have to|get to|must)\b",
     r"\ball i (needed|wanted|asked for|asked) (was|is)\b",
     r"^\W*sure,? if you\b",
 )
@@ -191,7 +199,8 @@ WEAK = _rx(
     # a polite request to change what was just given ("could you flip it", "can you use British spelling")
     r"\b(could|can|would) you (please |pls )?(also |just |maybe )?(give|write|make|put|flip|reverse|sort|order|format"
     r"|convert|translate|redo|shorten|change|list|show|split|move|turn|do|present|send|keep|use|lead|add|be|drop"
-    r"|remove|calculate|check|stick|spell|switch|answer|respond|reply|go|address)\b"
+    r"|remove|calculate|check|stick|spell|switch|answer|respond|reply|go|address|lay|squeeze|condense|trim|tighten"
+    r"|simplify|rename|reorder|break)\b"
     r"(?=[^.!?]*\b(it|that|this|them|those|these|the same|the order|your|instead|in|as|with|to)\b)",
     r"\b(could|can|would) you (please |pls )?(also |just |maybe )?(use|lead|keep|stick|switch|spell|be|drop|remove)\b",
     r"\b(could|can|would) you (please |pls )?add [^.!?]{1,40}\b(please|pls)\b",
@@ -205,7 +214,22 @@ WEAK = _rx(
     r"\b(please|pls) (in|with|as|first|use|no|write|put|add|keep)\b",
     r"(^|[.!?]\s*)(just|only) (give|check|use|tell|do|answer|say|show|calculate|write|the|list)\b",
     r"\b(can|could) you just\b",
-    r"^\W*why (are|did|do|would|is|does) you\b",
+    r"^\W*why (on earth |in the world |the hell )?(are|did|do|would|is|does) you\b",
+    r"\bwhy (is|are) (it|this|that|everything) (suddenly|still)\b",
+    r"^\W*since when (is|are|does|do|did|was|were|has|have)\b",
+    r"\b(please|pls) (rename|shorten|drop|remove|convert|switch|translate|reorder|reformat) (it|that|this|them|those"
+    r"|these|the)\b",
+    # the layout asked for by name: "as a table", "into a numbered list"
+    r"\b(as|into) (a )?(table|numbered list|bulleted list|bullet list|bullet points|checklist)\b",
+    # an order asked for: "cheapest first", "backwards"
+    r"\b(soonest|earliest|latest|cheapest|dearest|oldest|newest|biggest|smallest|highest|lowest|shortest|longest"
+    r"|closest|nearest) first\b",
+    r"\b(backwards|the other way (round|around)|reverse order)\b",
+    # a name spelled out letter by letter corrects its spelling
+    r"\b[a-z](-[a-z]){3,}\b",
+    # a unit asked for with a bare question: "kilometres?"
+    r"^\W*(in )?(kilomet(re|er)s|km|celsius|fahrenheit|metric|imperial|miles|grams|kilos|kg|pounds|lbs|ounces"
+    r"|litres|liters|cups|inches|centimet(re|er)s|cm|feet|metres|meters)\W*\?\W*$",
     r"\bkeep (it|them|the \w+|your \w+)\b(?! up\b)",
     r"\bput (the|it|that|this|them) [^.!?]{0,20}\b(in|into|at|on)\b",
     r"\b(at|in) the end\b",
@@ -239,6 +263,11 @@ APPROVAL = _rx(
     r"^\W*(good|very good|all good|not bad)\b",
     r"\bthat'?s (good|fine|better|much better)\b",
     r"\bnot bad\b",
+    r"\bno (complaints|notes)\b",
+    r"\bcan'?t (fault|argue with) (it|that|this)\b",
+    r"^\W*that'?ll do\b",
+    r"\bdid the trick\b",
+    r"\b(tests?|build|it|everything) pass(es|ed)? now\b",
     r"^\W*works\b|\b(formula|code|script|query|fix|command|it|that|this) works\b",
     r"\b(loved|liked|enjoyed) it\b",
     r"\bimpressed\b",
@@ -247,6 +276,21 @@ APPROVAL = _rx(
     r"👍|🙏|👌|🎉|❤️|❤|😊|🙂|😀|😄|💯|🔥|🥳|✅",
 )
 
+# A message that opens by changing the subject: the change requests in it ("a shorter name for
+# the network", "redo the kitchen floor") are about the new subject, not the answer.
+_NEW_SUBJECT = re.compile(
+    r"^\W*((totally |completely |on an? )?(different|separate|unrelated|new|another|other|next) (topic|question|thing"
+    r"|subject|q|note|matter)\b|(totally |completely )?unrelated\b|not related\b|switching (topics|gears|subjects)\b"
+    r"|changing (the )?subject\b|on an? (different|separate|unrelated|side) note\b)"
+)
+# The user owns the slip ("oops, I meant Tuesday", "I pasted the old snippet"): what they fix is
+# their own message, not the answer.
+_OWN_SLIP = re.compile(
+    r"\b(oops|whoops|my (mistake|bad|typo|fault)|i (made|make) a (mistake|typo)"
+    r"|i (pasted|copied|sent|gave you|typed|attached) the (old|wrong)\b)"
+)
+# Quoted text is the user citing someone ("there's the 'Hope this helps!' again"), not praising.
+_QUOTED = re.compile(r"(?<!\w)'[^'\n]{2,80}'(?!\w)|\"[^\"\n]{2,80}\"|‘[^’\n]{2,80}’|“[^”\n]{2,80}”")
 # Approval followed by "but" is a reservation, not a verdict.
 _RESERVATION = re.compile(r"\b(but|however|though|although|except)\b")
 # "now", "next": the user moves on; a "but" after it qualifies the new request, not the answer.
@@ -484,6 +528,7 @@ class _Cues:
     hold: bool
     approval: bool
     reservation: bool
+    weak_after_reservation: bool = False
 
 
 class RulesJudge:
@@ -538,22 +583,33 @@ class RulesJudge:
         if cues.hold:
             return None
         if cues.approval:
-            return None if cues.reservation else 1
+            # "thanks, the logic works, but please rename the variables": a change asked for after
+            # the "but" is a correction; a bare reservation leaves the turn to the LLM judge
+            if cues.reservation:
+                return -1 if cues.weak_after_reservation else None
+            return 1
         if cues.weak or restated:
             return -1
         return None
 
     def _cues(self, text: str, response: str) -> _Cues:
-        text = _blank(text, NEUTRAL)
-        strong = any(p.search(text) for p in STRONG)
-        approvals = [m for p in APPROVAL for m in p.finditer(text)]
+        original, text = text, _blank(text, NEUTRAL)  # NEUTRAL blanks "my mistake": _OWN_SLIP reads the original
+        quoted = [m.span() for m in _QUOTED.finditer(text)]
+        approvals = [m for p in APPROVAL for m in p.finditer(text) if not any(a <= m.start() < b for a, b in quoted)]
         # "not perfect", "isn't helpful": a negated approval is a complaint
         kept = [m for m in approvals if not _negated(text, m.start())]
-        strong = strong or len(kept) < len(approvals)
+        hold = any(p.search(text) for p in HOLD)
+        if _NEW_SUBJECT.search(text) or _OWN_SLIP.search(original):
+            # no cue in it judges the answer; an approval before it still does
+            return _Cues(False, False, hold, bool(kept), False)
+        strong = any(p.search(text) for p in STRONG) or len(kept) < len(approvals)
         weak = any(p.search(text) for p in WEAK) or (bool(_NO_LEAD.search(text)) and not _ends_with_question(response))
         first = min((m.start() for m in kept), default=None)
-        reservation = False
+        reservation = after = False
         if first is not None:
             moving_on = _MOVING_ON.search(text, first)
-            reservation = bool(_RESERVATION.search(text, first, moving_on.start() if moving_on else len(text)))
-        return _Cues(strong, weak, any(p.search(text) for p in HOLD), bool(kept), reservation)
+            but = _RESERVATION.search(text, first, moving_on.start() if moving_on else len(text))
+            reservation = bool(but)
+            # what follows "but" is no message opening: the cues anchored at one ("actually...") do not apply
+            after = bool(but) and any(p.search(text[but.end() :]) for p in WEAK if not p.pattern.startswith("^"))
+        return _Cues(strong, weak, hold, bool(kept), reservation, after)

@@ -203,6 +203,52 @@ WIDENED = [
     ("Fetch it.", "[called http_get]", "HTTP 502 Bad Gateway", "tool", None),
     ("Query it.", "[called sql]", 'ERROR: relation "userz" does not exist', "tool", -1),
     ("Query it.", "[called sql]", '{"error": "invalid_argument", "message": "limit must be an integer"}', "tool", -1),
+    # -- stop 36, widened on the second dev batch (phrasings, not its items) --
+    # a message that opens on a new subject: its change words are about that subject
+    (
+        FACT_REQ,
+        FACT_RESP.replace("Sydney", "Canberra"),
+        "Different topic: I need a shorter title for my blog.",
+        "user",
+        None,
+    ),
+    (
+        FACT_REQ,
+        FACT_RESP.replace("Sydney", "Canberra"),
+        "Unrelated: can I use honey instead of sugar in tea?",
+        "user",
+        None,
+    ),
+    (
+        FACT_REQ,
+        FACT_RESP.replace("Sydney", "Canberra"),
+        "We're going to redo the bathroom in May. Any tile tips?",
+        "user",
+        None,
+    ),
+    # the user's own slip, and their own options asked about
+    (EMAIL_REQ, EMAIL_RESP, "Oops, my mistake: it's Mr. Patil, not Patel. Could you fix the name?", "user", None),
+    (CODE_REQ, CODE_RESP, "Ugh, I pasted the old snippet. One sec, here's the real one.", "user", None),
+    (CODE_REQ, CODE_RESP, "Can I call it on a list instead of a string?", "user", None),
+    (CODE_REQ, CODE_RESP, "Could you use a loop instead of slicing?", "user", -1),
+    # a change asked for after "thanks, but"; a bare "but" that moves on stays undecided
+    (CODE_REQ, CODE_RESP, "Thanks, it runs, but please rename the function to snake_case.", "user", -1),
+    (EMAIL_REQ, EMAIL_RESP, "Thanks! But actually the heating came back on, so I won't send it.", "user", None),
+    # layouts, orders, units and spellings asked for in a word or two
+    (SUMMARY_REQ, SUMMARY_RESP, "Could you lay that out as a table?", "user", -1),
+    ("Rank these by price.", "1. Laptop B\n2. Laptop A", "Backwards. Cheapest first.", "user", -1),
+    ("How far is Lyon from Geneva?", "About 93 miles.", "kilometres?", "user", -1),
+    ("Write a card for Niamh.", "Happy birthday, Neeve!", "It's Niamh. N-I-A-M-H.", "user", -1),
+    ("Is 91 prime?", "Yes, 91 is prime.", "Since when is 91 prime? It's 7 times 13.", "user", -1),
+    (SUMMARY_REQ, SUMMARY_RESP, "Great, now I need a dictionary to read it.", "user", -1),
+    (SUMMARY_REQ, SUMMARY_RESP, "Why is it still in bullet points?", "user", -1),
+    (SUMMARY_REQ, SUMMARY_RESP, "From now please only two sentences.", "user", -1),
+    # approvals in negative words, and praise the user only quotes
+    (EMAIL_REQ, EMAIL_RESP, "No notes. Sending it.", "user", 1),
+    (EMAIL_REQ, EMAIL_RESP, "Can't fault it.", "user", 1),
+    (EMAIL_REQ, EMAIL_RESP, "That'll do.", "user", 1),
+    (CODE_REQ, CODE_RESP, "The tests pass now.", "user", 1),
+    (EMAIL_REQ, EMAIL_RESP + " Hope this helps!", "And there's the 'Hope this helps!' again.", "user", None),
 ]
 
 
