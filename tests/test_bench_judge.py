@@ -54,6 +54,11 @@ def test_hint_check_wants_an_instruction_that_states_the_preference():
     assert scoring.hint_states_instruction("Be more careful next time.", want) is False
     assert scoring.hint_states_instruction(None, want) is False
     assert scoring.hint_states_instruction("End with Cheers.", None) is None
+    # "answer" and "reply" start an instruction unless they are described
+    assert scoring.hint_states_instruction("Answer in French.", "Reply in French.") is True
+    assert scoring.hint_states_instruction("Reply in French only.", "Answer in French.") is True
+    assert scoring.hint_states_instruction("Answer was in English, not French.", "Reply in French.") is False
+    assert scoring.hint_states_instruction("Answer.", "Reply in French.") is False
 
 
 def _row(i: str, **kw) -> dict:
