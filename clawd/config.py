@@ -220,9 +220,9 @@ class TrainingSettings:
     )
     teacher_answers_weight: float = _f(
         1.0,
-        "How much each of the teacher's answers counts in its batch against a signal's 1 (its "
-        "gradient and its share of the batch mean): below 1, a smaller step toward the teacher's "
-        "own wording, whose first tokens also drag in what the student generalises from them.",
+        "How much each of the teacher's answers (training.teacher_answers) counts in its batch "
+        "against a signal's 1, in the gradient and in the batch mean alike: below 1, a smaller step "
+        "toward the teacher's own wording; 0 makes no answers at all.",
         min=0.0,
         max=1.0,
     )

@@ -44,10 +44,13 @@ NEUTRAL = _rx(
     r"\bhow (do (i|you) |to |would (i|you) |can i )?(say|write|spell|translate)\b.*",
     # "can I use oat milk instead?", "if they're warm rather than cold, should I...?": the user
     # asks about their own options; "could YOU use X instead" stays a change request
-    r"\b(can|could|should|shall|may|do|would|will) (i|we) [^.!?]*\b(instead|rather than)\b[^.!?]*\?",
-    r"\bif [^.!?]*\b(instead|rather than)\b[^.!?]*,\s*(should|can|could|do|would|will) (i|we)\b[^.!?]*\?",
-    # the user's own plans: "we're going to redo the kitchen floor"
-    r"\b(i|we)('m|'re| am| are)?( also| finally| just)? (going to|gonna|will|want to|need to|have to|plan to|planning to)"
+    # ("could I get it in metric instead?" and "can we use a table instead?" ask the assistant)
+    r"\b(can|should|shall|may|do) i (?!ask you)[^.!?]*\b(instead|rather than)\b[^.!?]*\?",
+    r"\bif [^.!?]*\b(instead|rather than)\b[^.!?]*,\s*(should|can|do) i\b[^.!?]*\?",
+    # how-to questions about the user's own task: "how do I sort it in reverse order?"
+    r"\bhow (do|can|should) (i|we) [^.!?]*\?",
+    # the user's own plans: "we're going to redo the kitchen floor" ("we need to start over" is a complaint)
+    r"\b(i|we)('m|'re| am| are)?( also| finally| just)? (going to|gonna|will|plan to|planning to)"
     r" (redo|re-do|rewrite|start over)\b",
 )
 
@@ -183,7 +186,6 @@ STRONG = _rx(
     r"\bvery \w+ of you\b",
     r"\bwhat year is it\b",
     r"\b(a|the) whole (lecture|essay|novel|book|speech|sermon|saga)\b",
-    r"^\W*(great|wonderful|fantastic|brilliant|perfect|lovely|super),? (so )?now (i|we) (need|have to|get to|must)\b",
     r"\ball i (needed|wanted|asked for|asked) (was|is)\b",
     r"^\W*sure,? if you\b",
 )
@@ -199,8 +201,8 @@ WEAK = _rx(
     # a polite request to change what was just given ("could you flip it", "can you use British spelling")
     r"\b(could|can|would) you (please |pls )?(also |just |maybe )?(give|write|make|put|flip|reverse|sort|order|format"
     r"|convert|translate|redo|shorten|change|list|show|split|move|turn|do|present|send|keep|use|lead|add|be|drop"
-    r"|remove|calculate|check|stick|spell|switch|answer|respond|reply|go|address|lay|squeeze|condense|trim|tighten"
-    r"|simplify|rename|reorder|break)\b"
+    r"|remove|calculate|check|stick|spell|switch|answer|respond|reply|go|address|lay|squeeze|condense|tighten"
+    r"|rename|reorder)\b"
     r"(?=[^.!?]*\b(it|that|this|them|those|these|the same|the order|your|instead|in|as|with|to)\b)",
     r"\b(could|can|would) you (please |pls )?(also |just |maybe )?(use|lead|keep|stick|switch|spell|be|drop|remove)\b",
     r"\b(could|can|would) you (please |pls )?add [^.!?]{1,40}\b(please|pls)\b",
@@ -215,16 +217,15 @@ WEAK = _rx(
     r"(^|[.!?]\s*)(just|only) (give|check|use|tell|do|answer|say|show|calculate|write|the|list)\b",
     r"\b(can|could) you just\b",
     r"^\W*why (on earth |in the world |the hell )?(are|did|do|would|is|does) you\b",
-    r"\bwhy (is|are) (it|this|that|everything) (suddenly|still)\b",
-    r"^\W*since when (is|are|does|do|did|was|were|has|have)\b",
-    r"\b(please|pls) (rename|shorten|drop|remove|convert|switch|translate|reorder|reformat) (it|that|this|them|those"
-    r"|these|the)\b",
+    r"\bwhy (is|are) (it|this|that|everything) suddenly\b",
+    r"\b(please|pls) (rename|shorten|drop|remove|convert|switch|reorder|reformat) (it|that|them|those|these"
+    r"|the (?!next\b)\w+)\b",
     # the layout asked for by name: "as a table", "into a numbered list"
     r"\b(as|into) (a )?(table|numbered list|bulleted list|bullet list|bullet points|checklist)\b",
     # an order asked for: "cheapest first", "backwards"
     r"\b(soonest|earliest|latest|cheapest|dearest|oldest|newest|biggest|smallest|highest|lowest|shortest|longest"
     r"|closest|nearest) first\b",
-    r"\b(backwards|the other way (round|around)|reverse order)\b",
+    r"(^|[.!?]\s*)(backwards|the other way (round|around)|(in )?reverse order)\b",
     # a name spelled out letter by letter corrects its spelling
     r"\b[a-z](-[a-z]){3,}\b",
     # a unit asked for with a bare question: "kilometres?"
@@ -238,6 +239,10 @@ WEAK = _rx(
     r"\bsomething else\b",
     r"\bi (believe|think) (it|that|the \w+)( \w+)? (was|is|were|are)\b",
 )
+
+# The WEAK cues that only mean something where a message opens ("actually, …", "ugh"): after a
+# "but" they are no request.
+WEAK_OPENINGS = [p for p in WEAK if p.pattern.startswith("^")]
 
 # "are you sure?" challenges the answer without saying it is wrong: often the user just checks.
 HOLD = _rx(r"\bnever ?mind\b", r"\bforget (it|that)\b", r"\bare you sure\b")
@@ -279,16 +284,19 @@ APPROVAL = _rx(
 # A message that opens by changing the subject: the change requests in it ("a shorter name for
 # the network", "redo the kitchen floor") are about the new subject, not the answer.
 _NEW_SUBJECT = re.compile(
-    r"^\W*((totally |completely |on an? )?(different|separate|unrelated|new|another|other|next) (topic|question|thing"
-    r"|subject|q|note|matter)\b|(totally |completely )?unrelated\b|not related\b|switching (topics|gears|subjects)\b"
-    r"|changing (the )?subject\b|on an? (different|separate|unrelated|side) note\b)"
+    r"^\W*((totally |completely )?(different|separate|unrelated|new) (topic|question|thing|subject|q|note|matter)\b"
+    r"|(another|other|next) (topic|question|subject|q)\b|(totally |completely )?unrelated\b|not related\b"
+    r"|switching (topics|gears|subjects)\b|changing (the )?subject\b|on an? (different|separate|unrelated|side) note\b)"
 )
 # The user owns the slip ("oops, I meant Tuesday", "I pasted the old snippet"): what they fix is
 # their own message, not the answer.
+# The user's own: "whoops, that's not what I asked" and "not my mistake" blame the answer.
 _OWN_SLIP = re.compile(
-    r"\b(oops|whoops|my (mistake|bad|typo|fault)|i (made|make) a (mistake|typo)"
-    r"|i (pasted|copied|sent|gave you|typed|attached) the (old|wrong)\b)"
+    r"^\W*(oops|whoops),? (i|my)\b|(?<!not )(?<!n't )\bmy (mistake|bad|typo)\b|\bi (made|make) a (mistake|typo)\b"
+    r"|\bi (pasted|copied|sent|gave you|typed|attached) the (old|wrong)\b"
 )
+# After "but" the user may describe their own plan ("thanks, but I'll keep it as is"): no request.
+_OWN_PLAN = re.compile(r"^\W*(i'?ll|i will|i'?m going to|i am going to|we'?ll|we will|i'?d rather)\b")
 # Quoted text is the user citing someone ("there's the 'Hope this helps!' again"), not praising.
 _QUOTED = re.compile(r"(?<!\w)'[^'\n]{2,80}'(?!\w)|\"[^\"\n]{2,80}\"|‘[^’\n]{2,80}’|“[^”\n]{2,80}”")
 # Approval followed by "but" is a reservation, not a verdict.
@@ -521,6 +529,17 @@ def _ends_with_question(response: str) -> bool:
     return response.rstrip().rstrip("*_)\"'").endswith("?")
 
 
+def _reservation_tail(text: str, approvals: list[re.Match]) -> str | None:
+    """What follows the "but" after the first approval ("thanks, the logic works, but <tail>"),
+    up to where the user moves on ("now", "next"); None without such a "but"."""
+    first = min((m.start() for m in approvals), default=None)
+    if first is None:
+        return None
+    moving_on = _MOVING_ON.search(text, first)
+    but = _RESERVATION.search(text, first, moving_on.start() if moving_on else len(text))
+    return None if but is None else text[but.end() : moving_on.start() if moving_on else len(text)]
+
+
 @dataclass(frozen=True)
 class _Cues:
     strong: bool
@@ -599,17 +618,19 @@ class RulesJudge:
         # "not perfect", "isn't helpful": a negated approval is a complaint
         kept = [m for m in approvals if not _negated(text, m.start())]
         hold = any(p.search(text) for p in HOLD)
+        tail = _reservation_tail(text, kept)
         if _NEW_SUBJECT.search(text) or _OWN_SLIP.search(original):
-            # no cue in it judges the answer; an approval before it still does
-            return _Cues(False, False, hold, bool(kept), False)
-        strong = any(p.search(text) for p in STRONG) or len(kept) < len(approvals)
-        weak = any(p.search(text) for p in WEAK) or (bool(_NO_LEAD.search(text)) and not _ends_with_question(response))
-        first = min((m.start() for m in kept), default=None)
-        reservation = after = False
-        if first is not None:
-            moving_on = _MOVING_ON.search(text, first)
-            but = _RESERVATION.search(text, first, moving_on.start() if moving_on else len(text))
-            reservation = bool(but)
-            # what follows "but" is no message opening: the cues anchored at one ("actually...") do not apply
-            after = bool(but) and any(p.search(text[but.end() :]) for p in WEAK if not p.pattern.startswith("^"))
-        return _Cues(strong, weak, hold, bool(kept), reservation, after)
+            # no cue in it judges the answer; an approval still does, held back by a "but"
+            return _Cues(strong=False, weak=False, hold=hold, approval=bool(kept), reservation=tail is not None)
+        return _Cues(
+            strong=any(p.search(text) for p in STRONG) or len(kept) < len(approvals),
+            weak=any(p.search(text) for p in WEAK)
+            or (bool(_NO_LEAD.search(text)) and not _ends_with_question(response)),
+            hold=hold,
+            approval=bool(kept),
+            reservation=tail is not None,
+            # what follows "but" opens no message ("actually…" there is no cue) and may be the user's own plan
+            weak_after_reservation=tail is not None
+            and not _OWN_PLAN.search(tail)
+            and any(p.search(tail) for p in WEAK if p not in WEAK_OPENINGS),
+        )

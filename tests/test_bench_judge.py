@@ -59,6 +59,8 @@ def test_hint_check_wants_an_instruction_that_states_the_preference():
     assert scoring.hint_states_instruction("Reply in French only.", "Answer in French.") is True
     assert scoring.hint_states_instruction("Answer was in English, not French.", "Reply in French.") is False
     assert scoring.hint_states_instruction("Answer.", "Reply in French.") is False
+    assert scoring.hint_states_instruction("Answer wasn't in French.", "Reply in French.") is False
+    assert scoring.hint_states_instruction("Answer too long, French please.", "Reply in French.") is False
 
 
 def _row(i: str, **kw) -> dict:

@@ -766,11 +766,12 @@ def test_union_prepare_caches_the_mask_and_trains_at_ratio_one(lm, tmp_path):
     assert metric_counts(sample, 4, LossWeights(), again["mask"])["opd_clip_frac"] == again["mask"].sum()
 
 
-@pytest.mark.parametrize("w", [0.0, 0.5])
-def test_a_weighted_sample_counts_w_times_in_its_batch_mean(w, tmp_path):
+@pytest.mark.parametrize("w,batch", [(0.0, [0, 1]), (0.5, [0, 1]), (0.5, [1])])
+def test_a_weighted_sample_counts_w_times_in_its_batch_mean(w, batch, tmp_path):
     """training.teacher_answers_weight: one step of `train` over [signal, answer] with the
     answer weighted w moves the LoRA by (g_signal + w·g_answer) / (1 + w), each gradient taken
-    alone by MLX autodiff; w = 0 is the step without the answer."""
+    alone by MLX autodiff; w = 0 is the step without the answer, and an answer alone in its
+    batch takes its whole gradient (its weight divides out)."""
     import mlx.optimizers as optim
 
     from clawd.training.data import Sample
@@ -792,7 +793,7 @@ def test_a_weighted_sample_counts_w_times_in_its_batch_mean(w, tmp_path):
     before = {k: np.array(v) for k, v in tree_flatten(lm.model.trainable_parameters())}
     done = train(
         lm.model,
-        iter([[0, 1]]),
+        iter([batch]),
         lambda i: weighted(sample_loss(lm, samples[i], prep[i], weights), w if i == 1 else 1.0),
         optim.SGD(learning_rate=1.0),
         0.0,
@@ -802,5 +803,5 @@ def test_a_weighted_sample_counts_w_times_in_its_batch_mean(w, tmp_path):
     after = {k: np.array(v) for k, v in tree_flatten(lm.model.trainable_parameters())}
     assert np.abs(g_answer["model.layers.0.self_attn.q_proj.lora_b"]).max() > 1e-4  # the answer moves the LoRA
     for k in before:
-        want = -(g_signal[k] + w * g_answer[k]) / (1 + w)
+        want = -(g_signal[k] + w * g_answer[k]) / (1 + w) if 0 in batch else -g_answer[k]
         np.testing.assert_allclose(after[k] - before[k], want, rtol=1e-4, atol=1e-6)

@@ -170,6 +170,17 @@ def test_step_metrics_pool_each_term_over_the_samples_that_have_it():
     assert step_metrics([opd_only])["rl"] == 0.0  # a term no sample has reads 0, not NaN
 
 
+def test_a_weighted_samples_loss_is_logged_as_the_objective():
+    """training.teacher_answers_weight: a signal (loss 2) and an answer (loss 4) weighted 0.5 log
+    (2 + 0.5·4) / 1.5, the weighted mean the gradient follows, not 0.5²."""
+    from clawd.training.run import step_metrics, weighted
+
+    signal = ({"loss": 2.0, "opd": 2.0, "n_samples": 1.0}, {"opd": 1})
+    loss, metrics = weighted((4.0, {"opd": 4.0, "n_samples": 1.0}), 0.5)
+    m = step_metrics([signal, ({"loss": loss, **metrics}, {"opd": 1})])
+    assert m["loss"] == pytest.approx((2 + 0.5 * 4) / 1.5) and m["n_samples"] == 1.5
+
+
 def test_step_metrics_match_the_loss_on_the_whole_batch():
     """train() runs one sample at a time; its step metrics must equal hybrid_loss's own pooled
     metrics over the same samples as one padded batch (METHOD §5 definitions)."""

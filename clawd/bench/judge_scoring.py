@@ -173,7 +173,10 @@ _LEAD_INS = frozenset("please always never do don't dont just kindly also".split
 # "Answer", "reply" and "respond" start an instruction ("Answer in French.") unless a verb of
 # description follows ("Answer was too long.", "Reply should be shorter.").
 _VERB_NOUNS = frozenset("answer reply respond".split())
-_DESCRIBING = frozenset("is was were are be been has had should must could would seems looks sounds".split())
+_DESCRIBING = frozenset(
+    "is was were are be been has had should must could would seems looks sounds too needs lacks missed "
+    "ignored misses".split()
+)
 _STOP = frozenset(
     "the a an and or of to in on at for with without by from as is are be it its this that these those "
     "instead not no only just then than so but also all any each every more most much very too into about "
@@ -206,7 +209,7 @@ def is_imperative(hint: str) -> bool:
         return False
     first = words[0]
     if first in _VERB_NOUNS:
-        return len(words) > 1 and words[1] not in _DESCRIBING
+        return len(words) > 1 and words[1] not in _DESCRIBING and not words[1].endswith("n't")
     third_person = first.endswith("s") and not first.endswith(("ss", "us"))
     adverb = first.endswith("ly") and len(first) > 5 and first not in ("multiply",)
     return first not in _NOT_IMPERATIVE and not third_person and not adverb

@@ -168,8 +168,8 @@ def prepare_all(
     teacher = cfg.teacher
     separate = teacher.startswith("model:")
     answers = job_dir / "teacher-answers.json"
-    # Answers carry the OPD term alone: with w_opd = 0 they would train nothing.
-    answering = cfg.teacher_answers > 0 and cfg.w_opd != 0
+    # Answers carry the OPD term alone: with w_opd = 0, or weighted 0, they would train nothing.
+    answering = cfg.teacher_answers > 0 and cfg.w_opd != 0 and cfg.teacher_answers_weight > 0
     if separate:
         from clawd.training.teacher_answers import pending
 
@@ -266,15 +266,16 @@ def step_metrics(rows: list[tuple[dict[str, float], dict[str, float]]]) -> dict[
     """One step's metrics from its samples' (metrics, counts): each metric pooled over the
     samples/tokens where it is defined (a missing count is 1), so a sample without a term
     does not dilute that term's mean with a 0. The loss is a mean over the samples carrying
-    a term (as the gradient is); n_samples is their number."""
+    a term, Σ loss / Σ n_samples, as the gradient is (a sample's loss is already a sum over its
+    n_samples, which `weighted` scales alike); n_samples is their number."""
     num: dict[str, float] = {}
     den: dict[str, float] = {}
     for metrics, counts in rows:
-        counts = {"loss": metrics.get("n_samples", 1.0), **counts}
+        counts = {"loss": 1.0, **counts}
         for key, v in metrics.items():
             c = counts.get(key, 1.0)
             num[key] = num.get(key, 0.0) + v * c
-            den[key] = den.get(key, 0.0) + c
+            den[key] = den.get(key, 0.0) + (metrics.get("n_samples", 1.0) if key == "loss" else c)
     out = {key: num[key] / den[key] if den[key] else 0.0 for key in num}
     if "n_samples" in num:
         out["n_samples"] = sum(m["n_samples"] for m, _ in rows)
@@ -309,9 +310,10 @@ def train(
             total = grads if total is None else tree_map(mx.add, total, grads)
             mx.eval(total, loss)
             rows.append(({key: float(v) for key, v in {"loss": loss, **metrics}.items()}, counts(i) if counts else {}))
-        # Mean over the samples that carry a term (an ablation weight of 0 can empty one).
-        counted = max(sum(m.get("n_samples", 1) for m, _ in rows), 1)
-        total = tree_map(lambda g: g / counted, total)
+        # Mean over the samples that carry a term, each counted as `weighted` says (a batch
+        # emptied by an ablation weight of 0 has a zero gradient: divide by 1, not 0).
+        counted = sum(m.get("n_samples", 1) for m, _ in rows)
+        total = tree_map(lambda g: g / (counted if counted > 0 else 1), total)
         summary = step_metrics(rows)
         if grad_clip > 0:
             total, norm = optim.clip_grad_norm(total, grad_clip)
