@@ -560,11 +560,13 @@ class RulesJudge:
         score = self._score(inp)
         return None if score is None else Verdict(score, [], self.source)
 
-    def correction(self, inp: JudgeInput) -> str | None:
+    def correction(self, inp: JudgeInput, *, corrected: bool = False) -> str | None:
         """The user's own correction, cleaned of lead-ins ("no,", "nope", "thanks, but"),
         as a hint candidate (METHOD §3); None unless the next state is a user correction
-        with something to say (longer than MIN_HINT_CHARS)."""
-        if inp.next_role != "user" or self._score(inp) != -1:
+        with something to say (longer than MIN_HINT_CHARS). `corrected`: another judge (an
+        LLM's verdict, the user's thumbs) already read the turn as a correction, so the
+        rules need not recognise it themselves: their words are the hint all the same."""
+        if inp.next_role != "user" or not (corrected or self._score(inp) == -1):
             return None
         text = _TRACEBACK.split(inp.next_state, maxsplit=1)[0]  # a pasted error is no instruction
         text = _FENCE.sub(" ", text)

@@ -340,7 +340,9 @@ class Miner:
         raw = [(f.text, "feedback") for f in notes if f.kind == "correction" and f.text]
         inp = self._judge_input(sig, turn)
         if sig.next_state:
-            own = self.rules.correction(inp)
+            # judged a correction by whichever judge: the user's words are a hint even where
+            # the rules did not recognise them (an LLM judge decides where they are unsure)
+            own = self.rules.correction(inp, corrected=sig.reward == -1)
             if own:
                 raw.append((own, "user"))
             # A clearly approved answer carries no hindsight; skip the costly hint judge.

@@ -221,6 +221,20 @@ def test_sample_spreads_over_the_split_and_is_the_same_every_run():
     assert ids == sorted(ids) and ids[-1] > n * 11 / 12
 
 
+def test_the_cascade_hints_with_the_users_words_where_only_the_llm_read_a_correction():
+    """As the miner does: an LLM -1 on a turn the rules left undecided still gets the user's own
+    words as a hint candidate; an undecided cascade gets none."""
+    text = "Every reply should kick off with a one-line summary so I can find the gist."
+    items = [_item("dev-0001", -1, "Open every reply with a one-line summary.", text)]
+    rules = [bench.Outcome("rules", "dev-0001", "dev", -1, None, [], 0.1)]
+    judged = [bench.Outcome("likelihood:x", "dev-0001", "dev", -1, -1, [-1], 0.1)]
+    (o,) = bench.cascade(items, rules, judged)
+    assert o.score == -1 and o.hint == text and o.hint_ok is True
+    unsure = [bench.Outcome("likelihood:x", "dev-0001", "dev", -1, 0, [None], 0.1)]
+    (o,) = bench.cascade(items, rules, unsure)
+    assert o.hint is None and o.hint_ok is False
+
+
 def test_cascade_only_asks_the_llm_where_the_rules_are_undecided():
     items = [
         _item("dev-0001", -1, "End the answer with 'Cheers'.", "You forgot to sign off with Cheers."),

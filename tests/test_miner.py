@@ -26,6 +26,8 @@ from clawd.engines.fake import VOCAB
 from clawd.engines.fake import Engine as FakeEngine
 from clawd.engines.runner import EngineRunner
 from clawd.errors import ContextLengthExceeded, EngineError
+from clawd.judge import JudgeInput
+from clawd.judge_rules import RulesJudge
 from clawd.miner import MAX_ATTEMPTS, Miner, overlap
 from clawd.protocol import Message
 from clawd.served import HINT_MARKER, ServedModel
@@ -1128,6 +1130,53 @@ def test_no_candidates_means_no_teacher_work(tmp_path):
     asyncio.run(go())
     assert sig.hints == [] and sig.hint is None and sig.teacher_logprobs is None
     assert engine.calls == []
+
+
+UNRECOGNISED = "Every reply should kick off with a one-line summary so I can find the gist."
+
+
+@pytest.mark.parametrize("reward, source", [(-1, "gguf"), (0, "none")])
+def test_a_correction_only_an_llm_judge_read_still_gets_the_users_words_as_hint(tmp_path, reward, source):
+    """The rules do not recognise UNRECOGNISED as a correction, so they make no hint of it on their
+    own; once an LLM judge (the cascade) read the turn as -1, the user's words are the hint all the
+    same. Undecided, the turn stays without one."""
+    assert RulesJudge().evaluate(JudgeInput([user("Suggest a color.")], "Blue.", UNRECOGNISED, "user")) is None
+    n, k = 2, 4
+    student_top = np.arange(1, n * k + 1).reshape(n, k)
+    engine = ScriptedEngine(student_top, {UNRECOGNISED: _top_with_overlap(student_top, 2, 0)})
+    turn = SimpleNamespace(
+        id="chatcmpl-u",
+        request={"messages": [user("Suggest a color.")]},
+        response_text="Blue.",
+        prompt_ids=[1],
+        response_ids=[2, 3],
+    )
+    sig = signals.Signal(
+        turn_id=turn.id,
+        session_id="s",
+        status="pending",
+        next_state=UNRECOGNISED,
+        next_role="user",
+        reward=reward,
+        reward_source=source,
+    )
+
+    async def go():
+        db = await Database.open(tmp_path / "clawd.db")
+        model = ServedModel(EngineRunner(engine), TranscriptFormat())
+        model.active_adapter = "policy-1"
+        try:
+            await Miner(db, model, MiningSettings(judge="rules", hint_judge="rules", top_k=k))._direct(sig, turn)
+        finally:
+            await db.close()
+            model.runner._thread.shutdown(wait=True)
+
+    asyncio.run(go())
+    if reward == -1:
+        assert [(h["text"], h["source"]) for h in sig.hints] == [(UNRECOGNISED, "user")]
+        assert sig.hint == UNRECOGNISED and sig.teacher_logprobs is not None
+    else:
+        assert sig.hints == [] and sig.hint is None and engine.calls == []
 
 
 # --- teacher arrays against an independent scoring on a real (tiny) GGUF --------------------------

@@ -196,8 +196,10 @@ async def run_llm(spec: str, judge, items: list[Item], progress=None, *, hints: 
 
 def cascade(items: list[Item], rules: list[Outcome], llm: list[Outcome]) -> list[Outcome]:
     """The miner's order: the rules' verdict where they decide, else the LLM's. Hint
-    candidates as the miner gathers them: the rules' correction sentence always, the LLM
-    hint judge's only where the verdict is not +1."""
+    candidates as the miner gathers them: the user's own correction sentence wherever the
+    verdict is -1 (the rules need not have recognised it), the LLM hint judge's only where the
+    verdict is not +1."""
+    own_words = RulesJudge()
     out = []
     for item, r, m in zip(items, rules, llm, strict=True):
         use_llm = r.score is None
@@ -213,7 +215,7 @@ def cascade(items: list[Item], rules: list[Outcome], llm: list[Outcome]) -> list
             logprobs=m.logprobs if use_llm else None,
         )
         if item.label == -1:
-            hints = [r.hint] + ([m.hint] if o.score != 1 else [])
+            hints = [own_words.correction(item.inp, corrected=o.score == -1)] + ([m.hint] if o.score != 1 else [])
             o.hint, o.hint_ok = _hint_fields(item, hints)
         out.append(o)
     return out
