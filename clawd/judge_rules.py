@@ -564,9 +564,13 @@ class RulesJudge:
         """The user's own correction, cleaned of lead-ins ("no,", "nope", "thanks, but"),
         as a hint candidate (METHOD §3); None unless the next state is a user correction
         with something to say (longer than MIN_HINT_CHARS). `corrected`: another judge (an
-        LLM's verdict, the user's thumbs) already read the turn as a correction, so the
-        rules need not recognise it themselves: their words are the hint all the same."""
-        if inp.next_role != "user" or not (corrected or self._score(inp) == -1):
+        LLM's verdict, the user's thumbs) already read the turn as a correction, so where the
+        rules are undecided their words are the hint all the same; words the rules read as
+        approval ("Thanks, that's perfect!" before a later thumbs-down) never are."""
+        if inp.next_role != "user":
+            return None
+        score = self._score(inp)
+        if score != -1 and not (corrected and score is None):
             return None
         text = _TRACEBACK.split(inp.next_state, maxsplit=1)[0]  # a pasted error is no instruction
         text = _FENCE.sub(" ", text)

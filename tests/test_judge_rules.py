@@ -378,3 +378,11 @@ def test_corrections_are_long_enough_to_be_hints():
     for _next_state, expected in CORRECTIONS:
         if expected is not None:
             assert len(expected.strip()) > MIN_HINT_CHARS
+
+
+def test_another_judges_correction_lends_the_users_words_but_never_an_approvals():
+    undecided = _inp(EMAIL_REQ, EMAIL_RESP, "Every reply should open with a one-line summary for me.", "user")
+    assert J.evaluate(undecided) is None and J.correction(undecided) is None
+    assert J.correction(undecided, corrected=True) == "Every reply should open with a one-line summary for me."
+    approval = _inp(EMAIL_REQ, EMAIL_RESP, "Thanks, that's perfect, sending it now!", "user")
+    assert J.correction(approval, corrected=True) is None

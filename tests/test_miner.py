@@ -1139,7 +1139,8 @@ UNRECOGNISED = "Every reply should kick off with a one-line summary so I can fin
 def test_a_correction_only_an_llm_judge_read_still_gets_the_users_words_as_hint(tmp_path, reward, source):
     """The rules do not recognise UNRECOGNISED as a correction, so they make no hint of it on their
     own; once an LLM judge (the cascade) read the turn as -1, the user's words are the hint all the
-    same. Undecided, the turn stays without one."""
+    same. Undecided, the turn stays without one. (Words the rules read as approval never become a
+    hint: test_feedback_after_mining_reopens_the_turn.)"""
     assert RulesJudge().evaluate(JudgeInput([user("Suggest a color.")], "Blue.", UNRECOGNISED, "user")) is None
     n, k = 2, 4
     student_top = np.arange(1, n * k + 1).reshape(n, k)
