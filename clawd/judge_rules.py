@@ -289,8 +289,8 @@ _NEW_SUBJECT = re.compile(
     r"|switching (topics|gears|subjects)\b|changing (the )?subject\b|on an? (different|separate|unrelated|side) note\b)"
 )
 # The user owns the slip ("oops, I meant Tuesday", "I pasted the old snippet"): what they fix is
-# their own message, not the answer.
-# The user's own: "whoops, that's not what I asked" and "not my mistake" blame the answer.
+# their own message, not the answer ("whoops, that's not what I asked" and "not my mistake" blame
+# the answer, so neither counts).
 _OWN_SLIP = re.compile(
     r"^\W*(oops|whoops),? (i|my)\b|(?<!not )(?<!n't )\bmy (mistake|bad|typo)\b|\bi (made|make) a (mistake|typo)\b"
     r"|\bi (pasted|copied|sent|gave you|typed|attached) the (old|wrong)\b"
