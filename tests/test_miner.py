@@ -1109,6 +1109,23 @@ def test_overlap_guided_selection(tmp_path, overlaps, chosen):
         assert text.count(HINT_MARKER) == 1 and "Assistant: Blue.\nUser: Suggest a color." + HINT_MARKER in text
 
 
+def _direct_with_rules(tmp_path, engine, sig, turn, **settings) -> None:
+    """Miner._direct on `sig` with the rules as both judges, over `engine` (the student being
+    the "policy-1" adapter, as ScriptedEngine expects)."""
+
+    async def go():
+        db = await Database.open(tmp_path / "clawd.db")
+        model = ServedModel(EngineRunner(engine), TranscriptFormat())
+        model.active_adapter = "policy-1"
+        try:
+            await Miner(db, model, MiningSettings(judge="rules", hint_judge="rules", **settings))._direct(sig, turn)
+        finally:
+            await db.close()
+            model.runner._thread.shutdown(wait=True)
+
+    asyncio.run(go())
+
+
 def test_no_candidates_means_no_teacher_work(tmp_path):
     engine = ScriptedEngine(np.zeros((2, 4)), {})
     turn = SimpleNamespace(
@@ -1117,17 +1134,7 @@ def test_no_candidates_means_no_teacher_work(tmp_path):
     sig = signals.Signal(
         turn_id="chatcmpl-x", session_id="s", status="pending", next_state=THANKS, next_role="user", reward=1
     )
-
-    async def go():
-        db = await Database.open(tmp_path / "clawd.db")
-        model = ServedModel(EngineRunner(engine), TranscriptFormat())
-        try:
-            await Miner(db, model, MiningSettings(judge="rules", hint_judge="rules"))._direct(sig, turn)
-        finally:
-            await db.close()
-            model.runner._thread.shutdown(wait=True)
-
-    asyncio.run(go())
+    _direct_with_rules(tmp_path, engine, sig, turn)
     assert sig.hints == [] and sig.hint is None and sig.teacher_logprobs is None
     assert engine.calls == []
 
@@ -1161,18 +1168,7 @@ def test_a_correction_only_an_llm_judge_read_still_gets_the_users_words_as_hint(
         reward=reward,
         reward_source=source,
     )
-
-    async def go():
-        db = await Database.open(tmp_path / "clawd.db")
-        model = ServedModel(EngineRunner(engine), TranscriptFormat())
-        model.active_adapter = "policy-1"
-        try:
-            await Miner(db, model, MiningSettings(judge="rules", hint_judge="rules", top_k=k))._direct(sig, turn)
-        finally:
-            await db.close()
-            model.runner._thread.shutdown(wait=True)
-
-    asyncio.run(go())
+    _direct_with_rules(tmp_path, engine, sig, turn, top_k=k)
     if reward == -1:
         assert [(h["text"], h["source"]) for h in sig.hints] == [(UNRECOGNISED, "user")]
         assert sig.hint == UNRECOGNISED and sig.teacher_logprobs is not None
