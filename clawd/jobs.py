@@ -23,6 +23,7 @@ from clawd.store import signals, turns
 from clawd.store.db import Database
 from clawd.templates import TRANSCRIPT_PREAMBLE
 from clawd.training.data import Job, QAQuestion, Sample, TurnEnd
+from clawd.training.kl_anchor import ANCHOR_PROMPTS
 from clawd.training.qa import QA_MAX_TOKENS, QA_SET
 
 # Fixed prompts for the eval gate's forgetting check (KL to the base model) and the live check
@@ -120,6 +121,15 @@ def canary_samples(model: ServedModel) -> list[Sample]:
         # A leading space is how the transcript format's answers begin; templates strip it.
         out.append(Sample(f"canary-{i}", prompt, model.reply_ids(" " + answer)))
     return out
+
+
+def anchor_prompts(model: ServedModel) -> list[Sample]:
+    """training.kl_to_base's everyday prompts (training/kl_anchor.py) in the served model's
+    own template, prompt only: the trainer has the base answer them."""
+    return [
+        Sample(f"anchor-{i}", model.prompt_ids([Message(role="user", content=prompt)]), [])
+        for i, prompt in enumerate(ANCHOR_PROMPTS)
+    ]
 
 
 def qa_questions(model: ServedModel) -> list[QAQuestion]:
@@ -236,6 +246,8 @@ async def build_job(
                 part.append(sample)
     job.canary = canary_samples(model)
     job.turn_end = turn_end(model)
+    if settings.kl_to_base > 0:
+        job.anchor = anchor_prompts(model)
     if settings.qa_canary:
         job.qa = qa_questions(model)
         job.qa_fingerprint = qa_fingerprint(job.qa, job.turn_end)

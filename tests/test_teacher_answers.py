@@ -107,7 +107,7 @@ def test_one_at_a_time_small_batches_and_a_resume_give_the_same_answers(models, 
     asked = []
     monkeypatch.setattr(teacher_answers, "generate", lambda lm, part, *a: asked.append(part) or [[7, 7]])
     resumed = teacher_answers.with_teacher_answers(teacher, train, "base", ROOM, [], cache, MAX_LEN)
-    assert [[s.turn_id for s in part] for part in asked] == [["t2"]]  # only the missing one
+    assert asked == [[train[2].teacher_prompt_ids]]  # only the missing one
     assert resumed[:2] == batched[:2] and resumed[-1].response_ids == [7, 7]
     assert not teacher_answers.pending(train, cache)
 

@@ -65,6 +65,9 @@ class Job:
     train: list[Sample] = field(default_factory=list)
     holdout: list[Sample] = field(default_factory=list)
     canary: list[Sample] = field(default_factory=list)
+    # training.kl_to_base > 0: the everyday prompts (kl_anchor.ANCHOR_PROMPTS) in the served
+    # model's template, prompt only (the trainer has the base answer them). Empty: off.
+    anchor: list[Sample] = field(default_factory=list)
     parent_id: str | None = None  # continue from this adapter (the active one), None = from base
     parent_path: str | None = None
     created_at: float = field(default_factory=time.time)
@@ -92,8 +95,8 @@ def write_job(job: Job, path: Path) -> None:
 
 def read_job(path: Path) -> Job:
     d = json.loads(Path(path).read_text(encoding="utf-8"))
-    for part in ("train", "holdout", "canary"):
-        d[part] = [Sample(**s) for s in d[part]]
+    for part in ("train", "holdout", "canary", "anchor"):
+        d[part] = [Sample(**s) for s in d.get(part, [])]
     if d.get("turn_end") is not None:
         d["turn_end"] = TurnEnd(**d["turn_end"])
     d["qa"] = [QAQuestion(**q) for q in d.get("qa", [])]

@@ -149,6 +149,24 @@ def hybrid_loss(
     return loss, metrics
 
 
+# A bucket below this mass counts as this mass: 1 − Σ p can round to 0 or below when the top-k
+# hold nearly everything, and log 0 would make the term and its gradient non-finite.
+REST_FLOOR = 1e-6
+
+
+def coarse_kl(base_top: mx.array, top: mx.array) -> mx.array:
+    """Per-position KL(base ‖ current) over k + 1 outcomes: the k support tokens and one bucket
+    for the rest of the vocabulary (training.kl_to_base, clawd/training/kl_anchor.py).
+    base_top, top: (..., k) global log-probs of the same tokens under the base (constant) and
+    the current weights (differentiable). Returns (...,): ≥ 0, 0 with its gradient where the two
+    agree, and never above the full-vocabulary KL (a coarsening never raises a KL)."""
+    base_top = mx.stop_gradient(base_top)
+    p = mx.exp(base_top)
+    base_rest = mx.maximum(1.0 - p.sum(axis=-1), REST_FLOOR)
+    rest = mx.maximum(1.0 - mx.exp(top).sum(axis=-1), REST_FLOOR)
+    return (p * (base_top - top)).sum(axis=-1) + base_rest * (mx.log(base_rest) - mx.log(rest))
+
+
 def positions(lm, input_ids: mx.array, n_prompt: int) -> mx.array:
     """Hidden states that predict the response tokens: (n_resp, d).
     Response token j sits at n_prompt + j and is predicted from position n_prompt + j − 1;

@@ -203,6 +203,39 @@ def prepare_all(
     return samples, prep, held
 
 
+def prepare_anchors(lm, job, job_dir: Path, progress) -> tuple[list[Sample], list[dict]]:
+    """training.kl_to_base's anchors (clawd/training/kl_anchor.py): the base's answers to the
+    job's everyday prompts and run.prepare's views of them taken under the base, whose top-k
+    and log-probs are the term's target. ([], []) when the term is off."""
+    if job.settings.kl_to_base <= 0 or not job.anchor:
+        return [], []
+    from clawd.training.evaluate import base_model
+    from clawd.training.kl_anchor import base_answers
+
+    emit("phase", phase="anchors", prompts=len(job.anchor))
+    stops = job.turn_end.stops if job.turn_end else []
+    anchors = base_answers(lm, job.anchor, stops, job_dir / "anchor-answers.json", job.settings.max_tokens)
+    with base_model(lm.model):
+        views = prepare(lm, anchors, job.top_k, job_dir / "prepared-anchor.npz", progress)
+    return anchors, views
+
+
+def anchor_loss(lm, sample, prep, weight: float, share: int):
+    """One anchor's part of its step's KL term: weight · (its token-mean coarse KL to the base)
+    / share, the step's anchor count, so a step adds weight × the anchors' mean KL. Its
+    n_samples is 0 and `added` 1: `train` adds it to the step's mean over signals, it is not
+    one more sample in that mean (that would shrink the signals' own step)."""
+    import mlx.core as mx
+
+    from clawd.training.evaluate import tokens
+    from clawd.training.loss import coarse_kl, response_logprobs
+
+    ids, n_prompt = tokens(sample)
+    top = response_logprobs(lm, ids, n_prompt, mx.array(prep["ids"][:, 1:]))
+    kl = coarse_kl(mx.array(prep["old"][:, 1:]), top).mean()
+    return weight * kl / share, {"kl_base": mx.stop_gradient(kl), "n_samples": mx.array(0.0), "added": 1.0}
+
+
 def sample_loss(lm, sample, prep, weights):
     """The hybrid loss of one sample (a batch of one: variable lengths need no padding)."""
     import mlx.core as mx
@@ -292,7 +325,9 @@ def train(
     counts: Callable[[int], dict[str, float]] | None = None,
 ) -> int:
     """The training loop: one optimizer update per item of `steps` (a list of sample indices,
-    gradients averaged over them). `loss_fn(i)` gives (loss, metrics) for sample i; `counts(i)`
+    gradients averaged over them). `loss_fn(i)` gives (loss, metrics) for sample i; a sample
+    whose metrics say `added` (a training.kl_to_base anchor, anchor_loss) is no member of that
+    mean: its gradient and loss are added to the step's as they are. `counts(i)` gives
     what each metric of sample i is a mean over (see step_metrics); `on_step` gets (step,
     metrics) after each update and returns False to stop. Returns steps done."""
     import mlx.core as mx
@@ -304,17 +339,28 @@ def train(
     done = 0
     for indices in steps:
         t0 = time.perf_counter()
-        total, rows = None, []
+        total, extra, extra_loss, rows = None, None, 0.0, []
         for i in indices:
             (loss, metrics), grads = grad_of(model, i)
+            if metrics.pop("added", 0):  # a term added to the step as is (anchor_loss)
+                extra = grads if extra is None else tree_map(mx.add, extra, grads)
+                mx.eval(extra, loss)
+                extra_loss += float(loss)
+                rows.append(({key: float(v) for key, v in metrics.items()}, counts(i) if counts else {}))
+                continue
             total = grads if total is None else tree_map(mx.add, total, grads)
             mx.eval(total, loss)
             rows.append(({key: float(v) for key, v in {"loss": loss, **metrics}.items()}, counts(i) if counts else {}))
         # Mean over the samples that carry a term, each counted as `weighted` says (a batch
         # emptied by an ablation weight of 0 has a zero gradient: divide by 1, not 0).
         counted = sum(m.get("n_samples", 1) for m, _ in rows)
-        total = tree_map(lambda g: g / (counted if counted > 0 else 1), total)
+        if total is not None:
+            total = tree_map(lambda g: g / (counted if counted > 0 else 1), total)
+        if extra is not None:
+            total = extra if total is None else tree_map(mx.add, total, extra)
         summary = step_metrics(rows)
+        if extra is not None:
+            summary["loss"] = summary.get("loss", 0.0) + extra_loss
         if grad_clip > 0:
             total, norm = optim.clip_grad_norm(total, grad_clip)
             summary["grad_norm"] = float(norm)
@@ -413,6 +459,7 @@ def run(job_dir: Path, cache_dir: Path, out_dir: Path, *, stock_blas: bool = Fal
     from clawd.training import evaluate
     from clawd.training.data import read_job
     from clawd.training.export import mlx_to_gguf, save_mlx_adapter
+    from clawd.training.kl_anchor import step_anchors
     from clawd.training.loss import LossWeights
     from clawd.training.teacher_answers import is_teacher_answer
     from clawd.training.weights import load_model
@@ -437,6 +484,7 @@ def run(job_dir: Path, cache_dir: Path, out_dir: Path, *, stock_blas: bool = Fal
 
     try:
         samples, prep, held = prepare_all(lm, job, job_dir, cache_dir, prepared)
+        anchors, anchor_prep = prepare_anchors(lm, job, job_dir, prepared)
     except StopRequested:
         emit("stopped", step=0, total=0)
         return STOPPED
@@ -459,18 +507,28 @@ def run(job_dir: Path, cache_dir: Path, out_dir: Path, *, stock_blas: bool = Fal
         emit("stopped", step=step, total=len(plan))
         return STOPPED
 
+    # training.kl_to_base: each step also takes its turn of the anchors, indexed after the samples.
+    n = len(samples)
+    steps = [plan[s] + [n + a for a in step_anchors(s, len(anchors))] for s in range(start, len(plan))]
+    share = len(step_anchors(0, len(anchors))) or 1
+
+    def loss_of(i: int):
+        if i >= n:
+            return anchor_loss(lm, anchors[i - n], anchor_prep[i - n], cfg.kl_to_base, share)
+        return weighted(
+            sample_loss(lm, samples[i], prep[i], weights),
+            cfg.teacher_answers_weight if is_teacher_answer(samples[i]) else 1.0,
+        )
+
     emit("phase", phase="train", steps=len(plan), resumed_at=start)
     done = train(
         lm.model,
-        iter(plan[start:]),
-        lambda i: weighted(
-            sample_loss(lm, samples[i], prep[i], weights),
-            cfg.teacher_answers_weight if is_teacher_answer(samples[i]) else 1.0,
-        ),
+        iter(steps),
+        loss_of,
         optimizer,
         cfg.grad_clip,
         on_step,
-        counts=lambda i: metric_counts(samples[i], k, weights, prep[i]["mask"]),
+        counts=lambda i: {"kl_base": 1.0} if i >= n else metric_counts(samples[i], k, weights, prep[i]["mask"]),
     )
     # A stop during the last step counts too: checkpoint at len(plan), and a resume goes
     # straight to the gate (the daemon SIGKILLs a trainer that ignores SIGTERM).

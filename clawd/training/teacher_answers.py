@@ -59,13 +59,13 @@ def room_for(sample: Sample, room: int, max_len: int) -> int:
     return min(room, max_len - max(len(sample.prompt_ids), len(sample.teacher_prompt_ids or [])))
 
 
-def generate(lm, samples: list[Sample], teacher, room: list[int], stops: list[str]) -> list[list[int]]:
-    """The teacher's greedy answer (ids) to each sample's hinted prompt, each within its room;
-    an answer cut by its room is kept: its first tokens, where an opening preference lives,
-    are the teacher's all the same."""
+def generate(lm, prompts: list[list[int]], teacher, room: list[int], stops: list[str]) -> list[list[int]]:
+    """The greedy answer (ids) of `teacher` (see evaluate.scoring_teacher) to each prompt, each
+    within its room; an answer cut by its room is kept: its first tokens, where an opening
+    preference lives, are the teacher's all the same. Also makes the base's answers to the
+    training.kl_to_base prompts (kl_anchor.base_answers)."""
     scorer, context = scoring_teacher(lm, teacher)
     decode = scorer.tokenizer.decode
-    prompts = [s.teacher_prompt_ids for s in samples]
 
     def full(ids: list[int], limit: int) -> bool:
         return len(ids) >= limit or (bool(stops) and first_stop(decode(ids), stops) >= 0)
@@ -96,7 +96,11 @@ def with_teacher_answers(
     for b in range(0, len(todo), BATCH):
         part = todo[b : b + BATCH]
         fits = [(i, r) for i in part if (r := room_for(train[i], room, max_len)) > 0]
-        made = generate(lm, [train[i] for i, _ in fits], teacher, [r for _, r in fits], stops) if fits else []
+        made = (
+            generate(lm, [train[i].teacher_prompt_ids for i, _ in fits], teacher, [r for _, r in fits], stops)
+            if fits
+            else []
+        )
         answers.update({str(i): [] for i in part})  # a sample already at training.max_tokens: none
         answers.update({str(i): ids for (i, _), ids in zip(fits, made)})
         _write(cache, answers)

@@ -1,0 +1,78 @@
+"""training.kl_to_base: a KL(base ‖ adapter) term on the base's own answers to everyday
+prompts that carry no signal (issue 16).
+
+Why: a lesson spreads. Taught to open with "In short", Qwen 0.5B also opened "Who wrote
+Hamlet?" with "In …" or "I'm sorry, but I can't assist with that.", and the gate's QA canary
+refused those adapters (docs/learning.md). Every run continues from the active adapter, so a
+KL to the parent would be 0 at each run's first step; the pull is toward the base, the model
+the user chose. METHOD.md leaves this term at 0 by default and so does clawd.
+
+What is pulled: the base's greedy answer (up to ANSWER_TOKENS) to each of ANCHOR_PROMPTS in
+the served model's template (the daemon tokenizes them into the job, as it does the canaries).
+At each answer position the base's top-k (the job's top_k, as OPD's support) plus one bucket
+for the rest of the vocabulary form a distribution of k + 1 outcomes; the term is the KL
+between the base's and the adapter's on those (loss.coarse_kl). It is 0 with its gradient at
+the base and lower-bounds the full KL (a coarsening never raises a KL).
+
+The prompts are everyday requests written for this term, none of them a question of the QA
+canary or of its kinds (no capitals, sums, authors): the canary stays a measurement of what
+the term protects, not of what it trained on (tests/test_kl_anchor.py checks the overlap).
+"""
+
+from __future__ import annotations
+
+ANSWER_TOKENS = 32  # the base's answer per prompt: its opening, where a lesson spreads first
+PER_STEP = 8  # anchors in each optimizer step, taken in turn: a step costs ~8 short samples more
+
+ANCHOR_PROMPTS: tuple[str, ...] = (
+    "Why do leaves change color in autumn?",
+    "Give me a tip for falling asleep faster.",
+    "How do I boil an egg?",
+    "What does a thermometer measure?",
+    "Suggest a name for a small orange cat.",
+    "Explain what a noun is.",
+    "How does a rainbow form?",
+    "What should I pack for a day at the beach?",
+    "Write one sentence about the sea.",
+    "What is a good way to learn new words?",
+    "Why do we need sleep?",
+    "How do plants get water?",
+    "Describe a bicycle in a few words.",
+    "What is the difference between weather and climate?",
+    "How can I keep bread fresh for longer?",
+    "What does a librarian do?",
+)
+
+
+def step_anchors(step: int, n: int, per_step: int = PER_STEP) -> list[int]:
+    """The anchors (indices into n) of optimizer step `step` (0-based): per_step of them, taken
+    in turn so consecutive steps cover the whole set; all of them when there are fewer."""
+    if n <= per_step:
+        return list(range(n))
+    return [(step * per_step + j) % n for j in range(per_step)]
+
+
+def base_answers(lm, prompts: list, stops: list[str], cache, max_len: int) -> list:
+    """The anchors to train on: each of `prompts` (Samples holding a prompt only, built by the
+    daemon) with the base's greedy answer, up to ANSWER_TOKENS within `max_len`
+    (training.max_tokens); an empty answer drops its prompt. Answers are saved to `cache` (a
+    JSON list) once made, so a resumed run decodes none (trainer side: imports MLX)."""
+    import json
+    import os
+
+    from clawd.training.data import Sample
+    from clawd.training.teacher_answers import generate
+
+    if cache.exists():
+        answers = json.loads(cache.read_text(encoding="utf-8"))
+    else:
+        room = [min(ANSWER_TOKENS, max_len - len(p.prompt_ids)) for p in prompts]
+        fits = [i for i, r in enumerate(room) if r > 0]
+        made = generate(lm, [prompts[i].prompt_ids for i in fits], "base", [room[i] for i in fits], stops)
+        answers = [[] for _ in prompts]
+        for i, ids in zip(fits, made):
+            answers[i] = ids
+        tmp = cache.with_name(cache.name + ".tmp")
+        tmp.write_text(json.dumps(answers), encoding="utf-8")
+        os.replace(tmp, cache)
+    return [Sample(p.turn_id, p.prompt_ids, ids) for p, ids in zip(prompts, answers) if ids]
