@@ -446,9 +446,11 @@ def train_bar(st: dict) -> dict:
     """What `clawd train --now`'s bar shows for one GET /clawd/training: scoring counts samples,
     training counts steps, and the phases after it (gate, promote) keep the steps done — a bar
     that fell back to 0/1 during a minutes-long gate read as if the step had been lost."""
-    if st["phase"] == "prepare":
+    if st["phase"] in ("prepare", "anchors"):
         return {
-            "description": "scoring π_old / teacher",
+            "description": "scoring π_old / teacher"
+            if st["phase"] == "prepare"
+            else "base answers (training.w_kl_base)",
             "completed": st["prepared"],
             "total": st["samples"] or None,
             "info": "",

@@ -226,12 +226,14 @@ class TrainingSettings:
         min=0.0,
         max=1.0,
     )
-    kl_to_base: float = _f(
+    w_kl_base: float = _f(
         0.0,
         "Weight of a KL(base ‖ adapter) term on the base model's own answers to a fixed set of "
         "everyday prompts that are no signal (0 = off, METHOD.md's default): each step also pulls "
-        "the model back toward the base where the user asked nothing of it, so a lesson does not "
-        "spread to unrelated answers.",
+        "the model back toward the base where the user asked nothing of it, so a lesson spreads "
+        "less to unrelated answers. The pull also works against a lesson meant for every answer "
+        "and, since each run continues from the active adapter, against earlier lessons. Costs "
+        "about 8 short samples more per step.",
         min=0.0,
     )
     max_tokens: int = _f(

@@ -124,7 +124,7 @@ def canary_samples(model: ServedModel) -> list[Sample]:
 
 
 def anchor_prompts(model: ServedModel) -> list[Sample]:
-    """training.kl_to_base's everyday prompts (training/kl_anchor.py) in the served model's
+    """training.w_kl_base's everyday prompts (training/kl_anchor.py) in the served model's
     own template, prompt only: the trainer has the base answer them."""
     return [
         Sample(f"anchor-{i}", model.prompt_ids([Message(role="user", content=prompt)]), [])
@@ -246,7 +246,7 @@ async def build_job(
                 part.append(sample)
     job.canary = canary_samples(model)
     job.turn_end = turn_end(model)
-    if settings.kl_to_base > 0:
+    if settings.w_kl_base > 0:
         job.anchor = anchor_prompts(model)
     if settings.qa_canary:
         job.qa = qa_questions(model)

@@ -1,4 +1,4 @@
-"""training.kl_to_base: a KL(base ‖ adapter) term on the base's answers to everyday prompts.
+"""training.w_kl_base: a KL(base ‖ adapter) term on the base's answers to everyday prompts.
 
 The coarse KL is checked against an independent NumPy computation from full softmaxes, its
 step against MLX autodiff of each part alone, its prompts against the QA canary's, and a daemon
@@ -7,6 +7,8 @@ the adapter leaves the base)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
@@ -14,7 +16,7 @@ import pytest
 from mlx.utils import tree_flatten
 
 from clawd.training.kl_anchor import ANCHOR_PROMPTS, step_anchors
-from clawd.training.loss import coarse_kl
+from clawd.training.loss import REST_FLOOR, coarse_kl
 from tests.conftest import TRAIN_ENV, start_daemon
 from tests.test_training_loop import make_ready_signals, training, wait_run
 from tests.tiny_mlx import add_lora, tiny_lm
@@ -140,7 +142,7 @@ def test_a_daemon_run_trains_with_the_term(clawd_home, tiny_gguf):
     from clawd.store import adapters as adapter_rows
 
     engine = Engine(tiny_gguf, n_ctx=256, n_threads=1, model_id="tiny")
-    d = start_daemon(clawd_home, engine, {**TRAIN_ENV, "CLAWD_TRAINING_KL_TO_BASE": 1.0})
+    d = start_daemon(clawd_home, engine, {**TRAIN_ENV, "CLAWD_TRAINING_W_KL_BASE": 0.5})
     try:
         make_ready_signals(d, 2)  # one batch: two steps (epochs 2)
         training(d, "POST")
@@ -151,5 +153,69 @@ def test_a_daemon_run_trains_with_the_term(clawd_home, tiny_gguf):
         assert len(history) == 2
         assert history[0]["kl_base"] < 1e-6 < history[1]["kl_base"]
         assert history[1]["n_samples"] == 2  # the anchors are no signals
+        # the step's loss: the signals' mean (a +1 sample with its RL term, a hinted −1 one with
+        # both terms) plus β × the anchors' mean KL
+        signals_mean = (2 * history[1]["rl"] + history[1]["opd"]) / 2
+        assert history[1]["loss"] == pytest.approx(signals_mean + 0.5 * history[1]["kl_base"], rel=1e-5)
+        assert rec.metrics["anchors"] == len(ANCHOR_PROMPTS)
     finally:
         d.stop()
+
+
+def test_the_rest_bucket_floor_keeps_values_and_gradients_finite():
+    """A confident answer: the top-k hold all but ~1e-9 of the mass under both, so both rest
+    buckets sit at the floor; the term stays finite, ≥ 0 up to the floor, and its gradient too."""
+    top = mx.array([[-1e-9, -22.0, -23.0, -24.0]])
+    moved = mx.array([[-1e-10, -25.0, -21.0, -26.0]])
+    for cur in (top, moved):
+        value = coarse_kl(top, cur)
+        grad = mx.grad(lambda t: coarse_kl(top, t).sum())(cur)
+        assert np.isfinite(np.array(value)).all() and np.isfinite(np.array(grad)).all()
+        assert float(value[0]) > -REST_FLOOR
+
+
+def test_the_anchors_target_is_the_base_not_the_parent(tmp_path, monkeypatch):
+    """run.prepare_anchors has the base answer (teacher "base") and takes π at the base: from a
+    parent adapter (random lora_b) its views are the base's, the term is > 0 at the parent and
+    0 under the base."""
+    from clawd.config import TrainingSettings
+    from clawd.training import teacher_answers
+    from clawd.training.data import Job, Sample
+    from clawd.training.evaluate import base_model, student_view
+    from clawd.training.run import anchor_loss, prepare_anchors
+
+    lm = add_lora(tiny_lm(0))
+    rng = np.random.default_rng(43)
+    prompts = [Sample(f"anchor-{i}", rng.integers(0, 100, 6).tolist(), []) for i in range(3)]
+    settings = dataclasses.asdict(TrainingSettings(w_kl_base=0.5))
+    job = Job("j", "m.gguf", "m", settings, anchor=prompts, top_k=4)
+    asked = []
+
+    def greedy(_lm, part, teacher, room, stops):
+        asked.append(teacher)
+        return [rng.integers(0, 100, 5).tolist() for _ in part]
+
+    monkeypatch.setattr(teacher_answers, "generate", greedy)
+    anchors, views = prepare_anchors(lm, job, tmp_path, lambda i, n: None)
+    assert asked == ["base"] and len(anchors) == 3
+    for anchor, view in zip(anchors, views):
+        with base_model(lm.model):
+            ids, lp = student_view(lm, anchor, 4)
+        np.testing.assert_array_equal(view["ids"], ids)
+        np.testing.assert_allclose(view["old"], lp, rtol=1e-5, atol=1e-6)
+        kl = float(anchor_loss(lm, anchor, view, 1.0, 1)[1]["kl_base"])
+        with base_model(lm.model):
+            at_base = float(anchor_loss(lm, anchor, view, 1.0, 1)[1]["kl_base"])
+        assert kl > 1e-4 and abs(at_base) < 1e-6
+    again, _ = prepare_anchors(lm, job, tmp_path, lambda i, n: None)  # a resume: from the caches
+    assert asked == ["base"] and [a.response_ids for a in again] == [a.response_ids for a in anchors]
+
+
+def test_a_resumed_run_takes_the_same_anchors_at_each_step_as_a_whole_one():
+    from clawd.training.kl_anchor import with_anchors
+
+    plan = [[0, 1], [0, 1], [2], [2]]  # two batches, two epochs
+    whole = with_anchors(plan, 0, 3, 16)
+    assert whole[0] == [0, 1, *range(3, 11)] and whole[1] == [0, 1, *range(11, 19)] and whole[2] == [2, *range(3, 11)]
+    assert with_anchors(plan, 2, 3, 16) == whole[2:]
+    assert with_anchors(plan, 0, 3, 0) == plan

@@ -260,12 +260,16 @@ def test_clawd_chat_teaches_trains_and_rolls_back_with_no_log_line_on_screen(tmp
     [
         ({"phase": "load", "state": "running", "step": 0, "total": 0}, "load 0/?"),
         ({"phase": "prepare", "state": "running", "prepared": 1, "samples": 2}, "scoring π_old / teacher 1/2"),
+        (
+            {"phase": "anchors", "state": "running", "prepared": 16, "samples": 16},
+            "base answers (training.w_kl_base) 16/16",
+        ),
         ({"phase": "train", "state": "running", "step": 0, "total": 1, "metrics": {}}, "training 0/1"),
         # The minutes-long gate after the last step: before, the bar fell back to "gate 0/1".
         ({"phase": "gate", "state": "running", "step": 1, "total": 1}, "gate 1/1"),
         ({"phase": "promote", "state": "running", "step": 1, "total": 1}, "promote 1/1"),
     ],
-    ids=["load", "prepare", "train", "gate", "promote"],
+    ids=["load", "prepare", "anchors", "train", "gate", "promote"],
 )
 def test_the_train_bar_counts_what_is_done_and_never_prints_none(status, shown):
     from io import StringIO

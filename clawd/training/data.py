@@ -65,7 +65,7 @@ class Job:
     train: list[Sample] = field(default_factory=list)
     holdout: list[Sample] = field(default_factory=list)
     canary: list[Sample] = field(default_factory=list)
-    # training.kl_to_base > 0: the everyday prompts (kl_anchor.ANCHOR_PROMPTS) in the served
+    # training.w_kl_base > 0: the everyday prompts (kl_anchor.ANCHOR_PROMPTS) in the served
     # model's template, prompt only (the trainer has the base answer them). Empty: off.
     anchor: list[Sample] = field(default_factory=list)
     parent_id: str | None = None  # continue from this adapter (the active one), None = from base

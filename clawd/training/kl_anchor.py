@@ -1,4 +1,4 @@
-"""training.kl_to_base: a KL(base ‖ adapter) term on the base's own answers to everyday
+"""training.w_kl_base: a KL(base ‖ adapter) term on the base's own answers to everyday
 prompts that carry no signal (issue 16).
 
 Why: a lesson spreads. Taught to open with "In short", Qwen 0.5B also opened "Who wrote
@@ -14,9 +14,15 @@ for the rest of the vocabulary form a distribution of k + 1 outcomes; the term i
 between the base's and the adapter's on those (loss.coarse_kl). It is 0 with its gradient at
 the base and lower-bounds the full KL (a coarsening never raises a KL).
 
-The prompts are everyday requests written for this term, none of them a question of the QA
-canary or of its kinds (no capitals, sums, authors): the canary stays a measurement of what
-the term protects, not of what it trained on (tests/test_kl_anchor.py checks the overlap).
+The cost: the pull works against any lesson meant for every answer (an opening "In short" is
+one), and since each run continues from the active adapter, against earlier lessons too; a
+lesson has to be worth more to the user's prompts than the KL it costs on these.
+
+The prompts are everyday requests written for this term before any run, none of them a
+question of the QA canary nor of its main kinds (capitals, sums, authors): the canary stays
+mostly a measurement of what the term protects. Not wholly: two prompts (autumn leaves, the
+rainbow) draw answers about colours, as three canary questions ask (tests/test_kl_anchor.py
+checks the prompts, not the base's answers).
 """
 
 from __future__ import annotations
@@ -42,6 +48,12 @@ ANCHOR_PROMPTS: tuple[str, ...] = (
     "How can I keep bread fresh for longer?",
     "What does a librarian do?",
 )
+
+
+def with_anchors(plan: list[list[int]], start: int, n_samples: int, n_anchors: int) -> list[list[int]]:
+    """The steps from `start` (a resume's first) on: each batch of `plan` (sample indices) with
+    its step's turn of the anchors, indexed after the samples (n_samples + anchor)."""
+    return [plan[s] + [n_samples + a for a in step_anchors(s, n_anchors)] for s in range(start, len(plan))]
 
 
 def step_anchors(step: int, n: int, per_step: int = PER_STEP) -> list[int]:

@@ -125,7 +125,7 @@ def prepare(
         out.append(sample_views(lm, s, k, teacher, support))
         progress(i + 1, len(samples))
     arrays = {f"{name}{i}": p[name] for i, p in enumerate(out) for name in VIEWS if p[name] is not None}
-    tmp = cache.with_name("prepared.tmp.npz")
+    tmp = cache.with_name(cache.stem + ".tmp.npz")
     np.savez(tmp, **arrays)
     os.replace(tmp, cache)
     return out
@@ -204,17 +204,22 @@ def prepare_all(
 
 
 def prepare_anchors(lm, job, job_dir: Path, progress) -> tuple[list[Sample], list[dict]]:
-    """training.kl_to_base's anchors (clawd/training/kl_anchor.py): the base's answers to the
+    """training.w_kl_base's anchors (clawd/training/kl_anchor.py): the base's answers to the
     job's everyday prompts and run.prepare's views of them taken under the base, whose top-k
     and log-probs are the term's target. ([], []) when the term is off."""
-    if job.settings.kl_to_base <= 0 or not job.anchor:
+    if job.settings.w_kl_base <= 0:
+        return [], []
+    if not job.anchor:  # a job file written before jobs carried them
+        emit("note", message="training.w_kl_base is set but the job has no anchor prompts: no KL term")
         return [], []
     from clawd.training.evaluate import base_model
     from clawd.training.kl_anchor import base_answers
 
-    emit("phase", phase="anchors", prompts=len(job.anchor))
+    emit("phase", phase="anchors", samples=len(job.anchor))
     stops = job.turn_end.stops if job.turn_end else []
     anchors = base_answers(lm, job.anchor, stops, job_dir / "anchor-answers.json", job.settings.max_tokens)
+    if not anchors:
+        emit("note", message="the base answered none of the anchor prompts within training.max_tokens: no KL term")
     with base_model(lm.model):
         views = prepare(lm, anchors, job.top_k, job_dir / "prepared-anchor.npz", progress)
     return anchors, views
@@ -326,7 +331,7 @@ def train(
 ) -> int:
     """The training loop: one optimizer update per item of `steps` (a list of sample indices,
     gradients averaged over them). `loss_fn(i)` gives (loss, metrics) for sample i; a sample
-    whose metrics say `added` (a training.kl_to_base anchor, anchor_loss) is no member of that
+    whose metrics say `added` (a training.w_kl_base anchor, anchor_loss) is no member of that
     mean: its gradient and loss are added to the step's as they are. `counts(i)` gives
     what each metric of sample i is a mean over (see step_metrics); `on_step` gets (step,
     metrics) after each update and returns False to stop. Returns steps done."""
@@ -459,7 +464,7 @@ def run(job_dir: Path, cache_dir: Path, out_dir: Path, *, stock_blas: bool = Fal
     from clawd.training import evaluate
     from clawd.training.data import read_job
     from clawd.training.export import mlx_to_gguf, save_mlx_adapter
-    from clawd.training.kl_anchor import step_anchors
+    from clawd.training.kl_anchor import step_anchors, with_anchors
     from clawd.training.loss import LossWeights
     from clawd.training.teacher_answers import is_teacher_answer
     from clawd.training.weights import load_model
@@ -507,14 +512,14 @@ def run(job_dir: Path, cache_dir: Path, out_dir: Path, *, stock_blas: bool = Fal
         emit("stopped", step=step, total=len(plan))
         return STOPPED
 
-    # training.kl_to_base: each step also takes its turn of the anchors, indexed after the samples.
+    # training.w_kl_base: each step also takes its turn of the anchors, indexed after the samples.
     n = len(samples)
-    steps = [plan[s] + [n + a for a in step_anchors(s, len(anchors))] for s in range(start, len(plan))]
+    steps = with_anchors(plan, start, n, len(anchors))
     share = len(step_anchors(0, len(anchors))) or 1
 
     def loss_of(i: int):
         if i >= n:
-            return anchor_loss(lm, anchors[i - n], anchor_prep[i - n], cfg.kl_to_base, share)
+            return anchor_loss(lm, anchors[i - n], anchor_prep[i - n], cfg.w_kl_base, share)
         return weighted(
             sample_loss(lm, samples[i], prep[i], weights),
             cfg.teacher_answers_weight if is_teacher_answer(samples[i]) else 1.0,
@@ -578,6 +583,7 @@ def run(job_dir: Path, cache_dir: Path, out_dir: Path, *, stock_blas: bool = Fal
         "steps": len(plan),
         "samples": len(job.train),
         "teacher_answers": len(samples) - len(job.train),
+        "anchors": len(anchors),
         "history": history,
         "final": history[-1] if history else {},
         "note": note,

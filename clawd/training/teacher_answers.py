@@ -63,7 +63,7 @@ def generate(lm, prompts: list[list[int]], teacher, room: list[int], stops: list
     """The greedy answer (ids) of `teacher` (see evaluate.scoring_teacher) to each prompt, each
     within its room; an answer cut by its room is kept: its first tokens, where an opening
     preference lives, are the teacher's all the same. Also makes the base's answers to the
-    training.kl_to_base prompts (kl_anchor.base_answers)."""
+    training.w_kl_base prompts (kl_anchor.base_answers)."""
     scorer, context = scoring_teacher(lm, teacher)
     decode = scorer.tokenizer.decode
 
