@@ -219,3 +219,34 @@ def test_a_resumed_run_takes_the_same_anchors_at_each_step_as_a_whole_one():
     assert whole[0] == [0, 1, *range(3, 11)] and whole[1] == [0, 1, *range(11, 19)] and whole[2] == [2, *range(3, 11)]
     assert with_anchors(plan, 2, 3, 16) == whole[2:]
     assert with_anchors(plan, 0, 3, 0) == plan
+
+
+def test_a_step_whose_samples_carry_no_term_takes_no_pull_either(tmp_path):
+    """An OPD-only run's batch with no hinted sample has nothing to learn: the anchors alone would
+    only pull it back toward the base (undoing earlier lessons), so the step does not move."""
+    import mlx.optimizers as optim
+
+    from clawd.training.data import Sample
+    from clawd.training.evaluate import base_model
+    from clawd.training.loss import LossWeights
+    from clawd.training.run import anchor_loss, prepare, sample_loss, train
+
+    lm = add_lora(tiny_lm(0))
+    rng = np.random.default_rng(44)
+    plain = Sample("s", rng.integers(0, 100, 5).tolist(), rng.integers(0, 100, 6).tolist(), -1)  # no hint
+    anchor = Sample("a", rng.integers(0, 100, 4).tolist(), rng.integers(0, 100, 5).tolist())
+    (prep,) = prepare(lm, [plain], 4, tmp_path / "p.npz", lambda i, n: None)
+    with base_model(lm.model):
+        (anchor_prep,) = prepare(lm, [anchor], 4, tmp_path / "a.npz", lambda i, n: None)
+    opd_only = LossWeights(rl=0.0)
+
+    def loss_of(i):
+        return anchor_loss(lm, anchor, anchor_prep, 1.0, 1) if i else sample_loss(lm, plain, prep, opd_only)
+
+    assert float(loss_of(1)[1]["kl_base"]) > 1e-4  # off the base: the anchor alone would pull
+    before = {k: np.array(v) for k, v in tree_flatten(lm.model.trainable_parameters())}
+    seen = []
+    train(lm.model, iter([[0, 1]]), loss_of, optim.SGD(learning_rate=1.0), 0.0, lambda s, m: seen.append(m))
+    for k, v in tree_flatten(lm.model.trainable_parameters()):
+        np.testing.assert_array_equal(np.array(v), before[k])
+    assert seen[0]["n_samples"] == 0 and "kl_base" not in seen[0]

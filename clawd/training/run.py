@@ -332,7 +332,9 @@ def train(
     """The training loop: one optimizer update per item of `steps` (a list of sample indices,
     gradients averaged over them). `loss_fn(i)` gives (loss, metrics) for sample i; a sample
     whose metrics say `added` (a training.w_kl_base anchor, anchor_loss) is no member of that
-    mean: its gradient and loss are added to the step's as they are. `counts(i)` gives
+    mean: its gradient and loss are added to the step's as they are, after the step's own
+    samples, and only if one of those carries a term (a step with nothing to learn does not
+    move: the pull alone would only undo earlier lessons). `counts(i)` gives
     what each metric of sample i is a mean over (see step_metrics); `on_step` gets (step,
     metrics) after each update and returns False to stop. Returns steps done."""
     import mlx.core as mx
@@ -348,6 +350,8 @@ def train(
         for i in indices:
             (loss, metrics), grads = grad_of(model, i)
             if metrics.pop("added", 0):  # a term added to the step as is (anchor_loss)
+                if not sum(m.get("n_samples", 1) for m, _ in rows):
+                    continue  # the step's samples carry no term: nothing to learn, so no pull either
                 extra = grads if extra is None else tree_map(mx.add, extra, grads)
                 mx.eval(extra, loss)
                 extra_loss += float(loss)
