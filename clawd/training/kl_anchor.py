@@ -27,7 +27,11 @@ checks the prompts, not the base's answers).
 
 from __future__ import annotations
 
-ANSWER_TOKENS = 32  # the base's answer per prompt: its opening, where a lesson spreads first
+# The base's answer per prompt, whole where it ends within this: its end is pulled too. With
+# 32 tokens (the opening alone) the QA refusals on `inshort` fell from 8 of 12 runs to 1, but
+# turn-end refusals stayed, and `signoff`, whose lesson lives at the answer's end, lost QA as
+# before (docs/learning.md).
+ANSWER_TOKENS = 128
 PER_STEP = 8  # anchors in each optimizer step, taken in turn: a step costs ~8 short samples more
 
 ANCHOR_PROMPTS: tuple[str, ...] = (
