@@ -28,11 +28,12 @@ checks the prompts, not the base's answers).
 from __future__ import annotations
 
 # The base's answer per prompt, whole where it ends within this: its end is pulled too. With
-# 32 tokens (the opening alone) the QA refusals on `inshort` fell from 8 of 12 runs to 1, but
-# turn-end refusals stayed, and `signoff`, whose lesson lives at the answer's end, lost QA as
-# before (docs/learning.md).
+# 32 tokens (the opening alone) `signoff`, whose lesson lives at the answer's end, lost QA as
+# without the term; at 128 no `signoff` run did. The cost: each anchor's KL is a mean over its
+# tokens, so the opening's share fell to about a third, and on `inshort` (an opening lesson) QA
+# refusals rose from 1 of 12 runs to 5 (docs/learning.md, "a KL pull toward the base").
 ANSWER_TOKENS = 128
-PER_STEP = 8  # anchors in each optimizer step, taken in turn: a step costs ~8 short samples more
+PER_STEP = 8  # anchors in each optimizer step, taken in turn: a step costs 8 samples more
 
 ANCHOR_PROMPTS: tuple[str, ...] = (
     "Why do leaves change color in autumn?",
