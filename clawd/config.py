@@ -233,7 +233,7 @@ class TrainingSettings:
         "the model back toward the base where the user asked nothing of it, so a lesson spreads "
         "less to unrelated answers. The pull also works against a lesson meant for every answer "
         "and, since each run continues from the active adapter, against earlier lessons. Costs "
-        "8 more samples of up to 128 tokens per step (a step of 8 samples took about 3 times "
+        "8 more samples per step (the base's answers; a step of 8 samples took about 3 times "
         "as long).",
         min=0.0,
     )
