@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from mlx.utils import tree_flatten
 
-from clawd.training.kl_anchor import ANCHOR_PROMPTS, OPENING_TOKENS, anchor_kl, step_anchors
+from clawd.training.kl_anchor import ANCHOR_PROMPTS, step_anchors
 from clawd.training.loss import REST_FLOOR, coarse_kl
 from tests.conftest import TRAIN_ENV, start_daemon
 from tests.test_training_loop import make_ready_signals, training, wait_run
@@ -111,21 +111,6 @@ def test_a_step_adds_the_weighted_mean_anchor_kl_to_the_signals_mean(tmp_path):
         np.testing.assert_allclose(after[k] - before[k], want, rtol=1e-4, atol=1e-6)
     (m,) = seen
     assert m["n_samples"] == 2 and m["kl_base"] > 0  # the anchors are no samples of the mean
-
-
-@pytest.mark.parametrize("length", [1, OPENING_TOKENS - 1, OPENING_TOKENS, OPENING_TOKENS + 1, 128])
-def test_an_anchor_s_kl_gives_its_opening_the_weight_of_all_the_rest(length):
-    """The opening's mean plus the rest's mean, as a weighted sum over positions: each of the
-    first OPENING_TOKENS weighs 1 / their count, each later one 1 / the rest's count."""
-    per_position = np.random.default_rng(length).random(length).astype(np.float32)
-    n_head = min(length, OPENING_TOKENS)
-    w = np.where(np.arange(length) < n_head, 1.0 / n_head, 1.0 / max(length - n_head, 1))
-    got = float(anchor_kl(mx.array(per_position)))
-    assert got == pytest.approx(float((w * per_position).sum()), rel=1e-6)
-    if length > OPENING_TOKENS:  # the opening alone moves the value as much as all the rest
-        head_only = per_position.copy()
-        head_only[:OPENING_TOKENS] += 1.0
-        assert float(anchor_kl(mx.array(head_only))) == pytest.approx(got + 1.0, rel=1e-6)
 
 
 def test_each_step_takes_its_turn_of_the_anchors():

@@ -33,9 +33,6 @@ from __future__ import annotations
 # tokens, so the opening's share fell to about a third, and on `inshort` (an opening lesson) QA
 # refusals rose from 1 of 12 runs to 5 (docs/learning.md, "a KL pull toward the base").
 ANSWER_TOKENS = 128
-# The opening keeps the weight it had at 32 tokens: an anchor's KL is the mean over its first
-# OPENING_TOKENS positions plus the mean over the rest (see anchor_kl).
-OPENING_TOKENS = 32
 PER_STEP = 8  # anchors in each optimizer step, taken in turn: a step costs 8 samples more
 
 ANCHOR_PROMPTS: tuple[str, ...] = (
@@ -70,17 +67,6 @@ def step_anchors(step: int, n: int, per_step: int = PER_STEP) -> list[int]:
     if n <= per_step:
         return list(range(n))
     return [(step * per_step + j) % n for j in range(per_step)]
-
-
-def anchor_kl(per_position):
-    """One anchor's KL from its per-position KLs (an MLX or NumPy vector): the mean over the
-    first OPENING_TOKENS plus the mean over the rest, where there is a rest. Why not one mean:
-    with answers of up to 128 tokens a plain mean gave the opening about a third of the term,
-    and `inshort`, whose lesson and refusals live in the opening, lost QA in 5 of 12 runs
-    against 1 of 12 with 32-token anchors. This keeps the 32-token pull on the opening whole and
-    adds the end's on top."""
-    head, tail = per_position[:OPENING_TOKENS], per_position[OPENING_TOKENS:]
-    return head.mean() + (tail.mean() if tail.shape[0] else 0.0)
 
 
 def base_answers(lm, prompts: list, stops: list[str], cache, max_len: int) -> list:

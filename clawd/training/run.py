@@ -234,19 +234,18 @@ def prepare_anchors(lm, job, job_dir: Path, progress) -> tuple[list[Sample], lis
 
 
 def anchor_loss(lm, sample, prep, weight: float, share: int):
-    """One anchor's part of its step's KL term: weight · (its coarse KL to the base, kl_anchor.anchor_kl)
+    """One anchor's part of its step's KL term: weight · (its token-mean coarse KL to the base)
     / share, the step's anchor count, so a step adds weight × the anchors' mean KL. Its
     n_samples is 0 and `added` 1: `train` adds it to the step's mean over signals, it is not
     one more sample in that mean (that would shrink the signals' own step)."""
     import mlx.core as mx
 
     from clawd.training.evaluate import tokens
-    from clawd.training.kl_anchor import anchor_kl
     from clawd.training.loss import coarse_kl, response_logprobs
 
     ids, n_prompt = tokens(sample)
     top = response_logprobs(lm, ids, n_prompt, mx.array(prep["ids"][:, 1:]))
-    kl = anchor_kl(coarse_kl(mx.array(prep["old"][:, 1:]), top))
+    kl = coarse_kl(mx.array(prep["old"][:, 1:]), top).mean()
     return weight * kl / share, {"kl_base": mx.stop_gradient(kl), "n_samples": mx.array(0.0), "added": 1.0}
 
 
