@@ -31,7 +31,9 @@ from __future__ import annotations
 # 32 tokens (the opening alone) `signoff`, whose lesson lives at the answer's end, lost QA as
 # without the term; at 128 no `signoff` run did. The cost: each anchor's KL is a mean over its
 # tokens, so the opening's share fell to about a third, and on `inshort` (an opening lesson) QA
-# refusals rose from 1 of 12 runs to 5 (docs/learning.md, "a KL pull toward the base").
+# refusals rose from 1 of 12 runs to 5 (docs/learning.md, "a KL pull toward the base"). Giving
+# the first 32 positions their own mean (opening + rest) was tried and not kept (run 5 there):
+# `inshort` a little better, `signoff` and `british` back to their 32-token refusals.
 ANSWER_TOKENS = 128
 PER_STEP = 8  # anchors in each optimizer step, taken in turn: a step costs 8 samples more
 
