@@ -34,9 +34,10 @@ class Sample:
 @dataclass
 class TurnEnd:
     """How the served model's turns end, for the gate's turn-end check (training/evaluate.py):
-    greedy answers to the canaries and to `prompts` end at an end-of-turn token or at one of `stops`, and none may show
-    any of `markers` (template text: role markers, the transcript preamble) that the parent's
-    answer did not, compared where either answer ended (evaluate.new_leaks)."""
+    greedy answers to the canaries and to `prompts` end at an end-of-turn token or at one of
+    `stops`, and none may show any of `markers` (template text: role markers, the transcript
+    preamble) that the parent's answer did not, compared where either answer ended
+    (evaluate.new_leaks)."""
 
     stops: list[str] = field(default_factory=list)
     markers: list[str] = field(default_factory=list)

@@ -526,9 +526,8 @@ def refusals(gate: dict, kl_bound: float, qa_max_drop: float = 2.0) -> list[str]
         out.append(f"it drifts from the base model on the canaries (KL {gate['kl_to_base']:.4f} > {kl_bound})")
     end = gate.get("turn_end")
     if end:
-        if (
-            round(end["end_rate_parent"] - end["end_rate"], 6) > END_RATE_TOLERANCE
-        ):  # 1 of 20 is 0.05, not 0.05000000000000004
+        fewer = round(end["end_rate_parent"] - end["end_rate"], 6)  # 1 of 20: 0.05, not 0.05000000000000004
+        if fewer > END_RATE_TOLERANCE:
             out.append(
                 f"it stops ending turns (greedy canary answers that end: {end['end_rate']:.0%}, "
                 f"parent {end['end_rate_parent']:.0%})"
