@@ -35,31 +35,6 @@ CANARY = (
     ("What do bees make?", "Bees make honey."),
 )
 
-# More prompts for the gate's turn-end check alone (not the KL canary): short everyday questions
-# whose answers end in a sentence or two, none a QA canary question, an anchor prompt or a
-# benchmark user's task. With the 4 canaries alone the check's 5-point tolerance was none: one
-# answer of 4 is 25 points, and one greedy answer tipping into a repetition loop (Qwen 0.5B's
-# bees answer, at canary KL as low as 0.008) refused 5 of 6 candidates in docs/learning.md's
-# runs. Over 20, one answer that stops ending is 5 points and passes; two are refused.
-TURN_END_PROMPTS = (
-    "How many hours are in a day?",
-    "Name a fruit that is yellow.",
-    "What sound does a cat make?",
-    "Which season comes after winter?",
-    "What do you use to write on paper?",
-    "How many wheels does a car have?",
-    "What is ice made of?",
-    "Where do fish live?",
-    "What do you call a baby dog?",
-    "What is the first letter of the alphabet?",
-    "What do people wear on their feet?",
-    "Which animal is known for its long neck?",
-    "What is an umbrella for?",
-    "What meal do people eat in the morning?",
-    "What is a pillow for?",
-    "What do birds use to fly?",
-)
-
 # Template text no answer should ever show: role markers of the common chat templates and the
 # transcript format's preamble. An answer running on into these is a turn that failed to end
 # (the gate's turn-end check, clawd/training/evaluate.py).
@@ -183,12 +158,10 @@ def parent_qa(parent: adapter_rows.AdapterRecord | None, fingerprint: str) -> li
 
 def turn_end(model: ServedModel) -> TurnEnd:
     """The served model's turn ends for the gate: its chat format's stop strings (end-of-turn
-    tokens the trainer reads from the tokenizer), the template text answers must not show, and
-    TURN_END_PROMPTS in its template (asked after the canaries)."""
+    tokens the trainer reads from the tokenizer) and the template text answers must not show."""
     rendered = model.prompt([Message(role="user", content=CANARY[0][0])]).rendered
     specials = [t for t in (model.info.bos_token, model.info.eos_token) if t]
-    prompts = [model.prompt_ids([Message(role="user", content=q)]) for q in TURN_END_PROMPTS]
-    return TurnEnd(stops=list(rendered.stops), markers=[*TEMPLATE_MARKERS, *specials], prompts=prompts)
+    return TurnEnd(stops=list(rendered.stops), markers=[*TEMPLATE_MARKERS, *specials])
 
 
 @dataclass(frozen=True)

@@ -109,51 +109,10 @@ def test_the_gate_refuses_an_adapter_trained_on_old_samples_and_passes_a_good_on
     assert good["passed"] and good["refused"] == [], good
 
 
-def test_the_check_also_asks_the_turn_end_prompts(tiny_gguf, world):
-    """turn_end.prompts are answered after the canaries, each as greedy_answer alone answers
-    it, and count in both end rates."""
-    from clawd.training import evaluate
-    from clawd.training.run import attach_lora
-    from clawd.training.weights import load_model
-
-    lm = load_model(tiny_gguf)
-    attach_lora(lm, SETTINGS, None)
-    params = evaluate.lora_params(lm.model)
-    extra = [lm.tokenizer.encode(f"User: {text}\nAssistant:", add_bos=True) for text in OTHER_PROMPTS]
-    turn_end = dataclasses.replace(world["turn_end"], prompts=extra)
-    got = evaluate.turn_end_check(lm, world["canary"], params, params, turn_end)
-    alone = [evaluate.greedy_answer(lm, ids, turn_end) for ids in [s.prompt_ids for s in world["canary"]] + extra]
-    assert got["answers"] == [text for text, _ in alone]
-    assert got["end_rate"] == got["end_rate_parent"] == end_rate(alone)
-
-
-def test_the_turn_end_prompts_are_asked_nowhere_else():
-    """Not a canary, QA question, anchor prompt or benchmark user's task: what a lesson or the
-    KL term aims at would not measure how turns end in general."""
-    import tomllib
-    from pathlib import Path
-
-    import clawd.bench
-    from clawd.jobs import CANARY, TURN_END_PROMPTS
-    from clawd.training.kl_anchor import ANCHOR_PROMPTS
-    from clawd.training.qa import QA_SET
-
-    elsewhere = {q for q, _ in CANARY} | {q for q, _ in QA_SET} | set(ANCHOR_PROMPTS)
-    for path in (Path(clawd.bench.__file__).parent / "users").rglob("*.toml"):
-        user = tomllib.loads(path.read_text(encoding="utf-8"))
-        elsewhere |= set(user.get("tasks", [])) | set(user.get("held_out", []))
-    assert len(set(TURN_END_PROMPTS)) == len(TURN_END_PROMPTS) == 16
-    assert not {p.lower() for p in TURN_END_PROMPTS} & {q.lower() for q in elsewhere}
-
-
 def test_refusal_reasons_name_each_failed_check():
     ok = {"gain": 0.1, "kl_to_base": 0.01, "turn_end": {"end_rate_parent": 1.0, "end_rate": 1.0, "leaks": []}}
     assert refusals(ok, 0.5) == []
     assert refusals({**ok, "turn_end": {**ok["turn_end"], "end_rate": 0.96}}, 0.5) == []  # within 5 points
-    # over the 4 canaries and the 16 turn-end prompts: one answer that stops ending passes, two do not
-    assert refusals({**ok, "turn_end": {**ok["turn_end"], "end_rate": 19 / 20}}, 0.5) == []
-    two = {**ok, "turn_end": {**ok["turn_end"], "end_rate": 18 / 20}}
-    assert refusals(two, 0.5) == ["it stops ending turns (greedy canary answers that end: 90%, parent 100%)"]
     # More answers end: what a lesson for shorter answers does (seen on the 0.5B: the parent's
     # two-sentence canary answer was cut by the room, the candidate's one sentence ended).
     shorter = {**ok, "turn_end": {"end_rate_parent": 0.75, "end_rate": 1.0, "leaks": []}}

@@ -34,10 +34,9 @@ class Sample:
 @dataclass
 class TurnEnd:
     """How the served model's turns end, for the gate's turn-end check (training/evaluate.py):
-    greedy answers to the canaries and to `prompts` end at an end-of-turn token or at one of
-    `stops`, and none may show any of `markers` (template text: role markers, the transcript
-    preamble) that the parent's answer did not, compared where either answer ended
-    (evaluate.new_leaks)."""
+    greedy canary answers end at an end-of-turn token or at one of `stops`, and none may show
+    any of `markers` (template text: role markers, the transcript preamble) that the parent's
+    answer did not, compared where either answer ended (evaluate.new_leaks)."""
 
     stops: list[str] = field(default_factory=list)
     markers: list[str] = field(default_factory=list)
@@ -46,9 +45,6 @@ class TurnEnd:
     # ended. 128 leaves room for a paragraph; answers that end early leave the batch, so an
     # adapter that still ends its turns costs no more.
     max_tokens: int = 128
-    # More prompts (token ids) the check asks besides the canaries (jobs.TURN_END_PROMPTS), so
-    # that its tolerance is finer than one answer. Empty in a job file written before.
-    prompts: list[list[int]] = field(default_factory=list)
 
 
 @dataclass

@@ -8,9 +8,8 @@ TrainingSettings, and promotion itself is clawd/adapters.py's job.
   RL part r · mean_i (ℓ_cand(a_i) − ℓ_active(a_i)); OPD part mean_i Σ_v A_v (ℓ_cand(v) −
   ℓ_active(v)), with A_v exactly the loss's advantage (teacher-minus-old, clipped, weighted).
 - Forgetting: mean per-token KL(candidate ‖ base) over the canary answers.
-- Turn ends: greedy answers to the canaries and jobs.TURN_END_PROMPTS, parent vs candidate:
-  the candidate's must end at least as often (within END_RATE_TOLERANCE) and show no template
-  text the parent's did not.
+- Turn ends: greedy canary answers, parent vs candidate: the candidate's must end at least as
+  often (within END_RATE_TOLERANCE) and show no template text the parent's did not.
 - Capability canary: the fixed factual QA set (training/qa.py) answered greedily by the parent
   and the candidate; a candidate that loses more than training.qa_max_drop points is refused.
 - Probe: per-token Δ log-prob (candidate − base) on one sample, so the daemon can check the
@@ -276,9 +275,8 @@ def probe(lm, s: Sample, max_response: int = 64) -> dict:
 # The gate's turn-end check: an adapter may change what the model says, never stop it ending its
 # turns. Training on the stop string's tokens with r = −1 once cut the demo model's chance of
 # ending its turn after the answer from 85% to 28%, and every answer then ran on into the
-# transcript's preamble; the direction and KL checks both passed it. 5 points: over the 4
-# canaries and the 16 jobs.TURN_END_PROMPTS, one answer that no longer ends passes (a single
-# greedy answer tips into a loop at tiny KL) and two are refused. Only fewer ends are refused:
+# transcript's preamble; the direction and KL checks both passed it. 5 points: on the 4
+# canaries, any single answer that no longer ends is refused. Only fewer ends are refused:
 # more ends is what a lesson for shorter answers does (a parent's answer cut by the room, the
 # candidate's shorter one ending); an answer ended before any word counts as not ended (end_rate).
 END_RATE_TOLERANCE = 0.05
@@ -352,13 +350,13 @@ def new_leaks(parent: list[tuple[str, bool]], candidate: list[tuple[str, bool]],
 
 
 def turn_end_check(lm, canary: list[Sample], parent: dict, candidate: dict, turn_end: TurnEnd) -> dict:
-    """Greedy answers to the canaries and turn_end.prompts, under the parent and the candidate:
-    end-of-turn rates, and template text the candidate shows where the parent did not
-    (new_leaks; its indices count the canaries first). Leaves the candidate's weights in place."""
+    """Greedy canary answers under the parent and the candidate: end-of-turn rates, and template
+    text the candidate shows where the parent did not (new_leaks). Leaves the candidate's
+    weights in place."""
     answers = {}
-    prompts = [s.prompt_ids for s in canary] + list(turn_end.prompts)
     for name, params in (("parent", parent), ("candidate", candidate)):
         set_lora_params(lm.model, params)
+        prompts = [s.prompt_ids for s in canary]
         never = [lambda _t: False] * len(prompts)
         batched = batch_greedy_answers(lm, prompts, turn_end, turn_end.max_tokens, never) if prompts else []
         answers[name] = batched if batched is not None else [greedy_answer(lm, p, turn_end) for p in prompts]
@@ -526,8 +524,7 @@ def refusals(gate: dict, kl_bound: float, qa_max_drop: float = 2.0) -> list[str]
         out.append(f"it drifts from the base model on the canaries (KL {gate['kl_to_base']:.4f} > {kl_bound})")
     end = gate.get("turn_end")
     if end:
-        fewer = round(end["end_rate_parent"] - end["end_rate"], 6)  # 1 of 20: 0.05, not 0.05000000000000004
-        if fewer > END_RATE_TOLERANCE:
+        if end["end_rate"] < end["end_rate_parent"] - END_RATE_TOLERANCE:
             out.append(
                 f"it stops ending turns (greedy canary answers that end: {end['end_rate']:.0%}, "
                 f"parent {end['end_rate_parent']:.0%})"
