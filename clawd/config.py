@@ -218,16 +218,6 @@ class TrainingSettings:
         min=0,
         max=1024,
     )
-    teacher_answers_tail: int = _f(
-        0,
-        "Train only on the last this many tokens of each of the teacher's answers "
-        "(training.teacher_answers; 0 = the whole answer), and only on answers that ended within "
-        "their room: for a preference at the answer's end (a closing 'Cheers'), which the "
-        "student's own answers, cut at the client's max_tokens, rarely reach. The answer's "
-        "earlier tokens are kept as context.",
-        min=0,
-        max=1024,
-    )
     teacher_answers_weight: float = _f(
         1.0,
         "How much each of the teacher's answers (training.teacher_answers) counts in its batch "

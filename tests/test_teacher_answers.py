@@ -133,49 +133,6 @@ def test_an_answer_that_meets_an_end_token_ends_there_and_keeps_it(models, tmp_p
     assert by_id["t2#teacher"] == want  # the other row: unchanged up to its own end, if any
 
 
-def test_a_tail_trains_the_last_tokens_of_the_answers_that_ended(models, tmp_path, monkeypatch):
-    """training.teacher_answers_tail: an answer cut by its room is dropped (its last tokens are no
-    ending); one that met an end token or a stop string trains on its last `tail` tokens, the
-    tokens before them appended to both prompts."""
-    from clawd.training import teacher_answers
-    from clawd.training.weights import GGUFTokenizer, load_model
-
-    teacher = load_model(models["teacher"])
-    train = samples()
-    free = {
-        s.turn_id: s.response_ids
-        for s in teacher_answers.with_teacher_answers(teacher, train, "base", ROOM, [], tmp_path / "a.json", MAX_LEN)
-    }
-    assert all(len(free[t]) == ROOM for t in ("t0#teacher", "t2#teacher"))  # both cut by the room
-    cut = teacher_answers.with_teacher_answers(teacher, train, "base", ROOM, [], tmp_path / "b.json", MAX_LEN, tail=2)
-    assert [s.turn_id for s in cut] == ["t0", "t1", "t2"]
-
-    # a stop string in t0's answer ends it there: kept, its tail the last 2 tokens before the stop
-    decode = teacher.tokenizer.decode
-    first = free["t0#teacher"]
-    stop = decode(first[6:8])
-    said = teacher_answers.answer_ids(first, False, decode, [stop])
-    assert 2 < len(said) < ROOM and stop not in decode(said)
-    out = teacher_answers.with_teacher_answers(
-        teacher, train, "base", ROOM, [stop], tmp_path / "c.json", MAX_LEN, tail=2
-    )
-    by_id = {s.turn_id: s for s in out}
-    answer, source = by_id["t0#teacher"], train[0]
-    assert answer.response_ids == said[-2:]
-    assert answer.prompt_ids == source.prompt_ids + said[:-2]
-    assert answer.teacher_prompt_ids == source.teacher_prompt_ids + said[:-2]
-    assert answer.reward == 0
-    assert ("t2#teacher" in by_id) == (stop in decode(free["t2#teacher"]))
-
-    # an end token ends it too, and is kept last
-    end = first[3]
-    assert end not in first[:3]
-    monkeypatch.setattr(GGUFTokenizer, "eos_ids", property(lambda _self: frozenset({end})))
-    out = teacher_answers.with_teacher_answers(teacher, train, "base", ROOM, [], tmp_path / "d.json", MAX_LEN, tail=3)
-    answer = {s.turn_id: s for s in out}["t0#teacher"]
-    assert answer.response_ids == first[1:4] and answer.prompt_ids == train[0].prompt_ids + first[:1]
-
-
 def test_an_answer_stays_within_training_max_tokens(models, tmp_path):
     from clawd.training.teacher_answers import with_teacher_answers
     from clawd.training.weights import load_model
@@ -205,8 +162,8 @@ def test_an_answer_keeps_its_end_token_and_loses_a_stop_strings_tokens():
     assert answer_ids([1, 2, 3], False, decode, ["\nUser:"]) == [1, 2, 3]  # cut by the room: kept as is
 
 
-@pytest.mark.parametrize(("weight", "tail"), [(1.0, 0), (0.5, 0), (1.0, 2)])
-def test_a_daemon_run_trains_on_the_teacher_answers(clawd_home, models, weight, tail):
+@pytest.mark.parametrize("weight", [1.0, 0.5])
+def test_a_daemon_run_trains_on_the_teacher_answers(clawd_home, models, weight):
     from clawd.store import adapters as adapter_rows
 
     # One batch (batch size 16): every step sees the signals and the answers.
@@ -214,7 +171,6 @@ def test_a_daemon_run_trains_on_the_teacher_answers(clawd_home, models, weight, 
         "CLAWD_TRAINING_TEACHER_ANSWERS": 6,
         "CLAWD_TRAINING_BATCH_SIZE": 16,
         "CLAWD_TRAINING_TEACHER_ANSWERS_WEIGHT": weight,
-        "CLAWD_TRAINING_TEACHER_ANSWERS_TAIL": tail,
     }
     d = teacher_daemon(clawd_home, models["student"], models["teacher"], **env)
     try:
@@ -223,13 +179,11 @@ def test_a_daemon_run_trains_on_the_teacher_answers(clawd_home, models, weight, 
         st = wait_run(d)
         assert st["state"] == "idle" and st["result"]["promoted"], st
         rec = d.run(adapter_rows.get(d.state.db, st["result"]["adapter_id"]))
-        # with a tail, only answers that ended are kept: the tiny teacher's run on to the room
-        answers = 0 if tail else 2
-        assert rec.metrics["samples"] == 4 and rec.metrics["teacher_answers"] == answers
+        assert rec.metrics["samples"] == 4 and rec.metrics["teacher_answers"] == 2
         assert len(rec.signals) == 4  # the teacher's answers are no signals: only these are marked trained
         assert rec.gate["judged_on"] == "train" and rec.gate["n"] == 4  # ... nor what the gate judges
         # the step took the two answers too: 4 signals (each with its reward) + 2 answers (OPD
         # only), each answer counted training.teacher_answers_weight times
-        assert rec.metrics["final"]["n_samples"] == 4 + answers * weight
+        assert rec.metrics["final"]["n_samples"] == 4 + 2 * weight
     finally:
         d.stop()

@@ -183,15 +183,7 @@ def prepare_all(
         emit("phase", phase="teacher_answers")
         stops = job.turn_end.stops if job.turn_end else []
         samples = with_teacher_answers(
-            lm,
-            job.train,
-            teacher,
-            cfg.teacher_answers,
-            stops,
-            answers,
-            cfg.max_tokens,
-            progress,
-            cfg.teacher_answers_tail,
+            lm, job.train, teacher, cfg.teacher_answers, stops, answers, cfg.max_tokens, progress
         )
         emit("teacher_answers", added=len(samples) - len(job.train))
     emit("phase", phase="prepare", samples=len(samples) + (len(job.holdout) if separate else 0))

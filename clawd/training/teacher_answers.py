@@ -18,11 +18,6 @@ the clip, and the gate judges the result as it judges any adapter. Each answer i
 after the sample it answers (the same batch, unless that sample closes one). Answers are
 cached in the job dir as they are made: a stopped run keeps them, and a resumed one makes only
 the missing ones, or none and then loads no teacher.
-
-training.teacher_answers_tail = N trains on the last N tokens of answers that ended, for a
-preference at the end ("Cheers"): the student's own answers rarely reach their end within a
-client's max_tokens (the benchmark's 48), so distillation along them never scores the ending,
-and a whole answer's token mean gives its last line a few per cent of the step.
 """
 
 from __future__ import annotations
@@ -64,14 +59,11 @@ def room_for(sample: Sample, room: int, max_len: int) -> int:
     return min(room, max_len - max(len(sample.prompt_ids), len(sample.teacher_prompt_ids or [])))
 
 
-def generate(
-    lm, prompts: list[list[int]], teacher, room: list[int], stops: list[str], ended_only: bool = False
-) -> list[list[int]]:
+def generate(lm, prompts: list[list[int]], teacher, room: list[int], stops: list[str]) -> list[list[int]]:
     """The greedy answer (ids) of `teacher` (see evaluate.scoring_teacher) to each prompt, each
     within its room; an answer cut by its room is kept: its first tokens, where an opening
-    preference lives, are the teacher's all the same. With `ended_only` it is [] instead: its
-    last tokens are no ending (training.teacher_answers_tail). Also makes the base's answers to
-    the training.w_kl_base prompts (kl_anchor.base_answers)."""
+    preference lives, are the teacher's all the same. Also makes the base's answers to the
+    training.w_kl_base prompts (kl_anchor.base_answers)."""
     scorer, context = scoring_teacher(lm, teacher)
     decode = scorer.tokenizer.decode
 
@@ -84,12 +76,7 @@ def generate(
             rows = [
                 batch_greedy_ids(scorer, [p], r, lambda _i, ids, r=r: full(ids, r))[0] for p, r in zip(prompts, room)
             ]
-    return [
-        answer_ids(ids, at_end, decode, stops)
-        if at_end or not ended_only or (bool(stops) and first_stop(decode(ids), stops) >= 0)
-        else []
-        for ids, at_end in rows
-    ]
+    return [answer_ids(ids, ended, decode, stops) for ids, ended in rows]
 
 
 def with_teacher_answers(
@@ -101,20 +88,16 @@ def with_teacher_answers(
     cache: Path,
     max_len: int,
     progress: Callable[[int, int], None] = lambda _i, _n: None,
-    tail: int = 0,
 ) -> list[Sample]:
     """`train` with the teacher's answer after each hinted sample. Answers are made BATCH at a
-    time, each batch saved to `cache` before `progress(made, total)` (which may raise to stop).
-    With `tail` (training.teacher_answers_tail) only answers that ended within their room are
-    kept, and each trains on its last `tail` tokens alone: the tokens before them join both
-    prompts, the student's and the hinted teacher's, as context."""
+    time, each batch saved to `cache` before `progress(made, total)` (which may raise to stop)."""
     answers = _read(cache)
     todo = _missing(train, answers)
     for b in range(0, len(todo), BATCH):
         part = todo[b : b + BATCH]
         fits = [(i, r) for i in part if (r := room_for(train[i], room, max_len)) > 0]
         made = (
-            generate(lm, [train[i].teacher_prompt_ids for i, _ in fits], teacher, [r for _, r in fits], stops, tail > 0)
+            generate(lm, [train[i].teacher_prompt_ids for i, _ in fits], teacher, [r for _, r in fits], stops)
             if fits
             else []
         )
@@ -125,16 +108,14 @@ def with_teacher_answers(
     out = []
     for i, s in enumerate(train):
         out.append(s)
-        answer = answers.get(str(i))
-        if answer:
-            cut = max(len(answer) - tail, 0) if tail else 0
+        if answers.get(str(i)):
             out.append(
                 Sample(
                     turn_id=s.turn_id + ANSWER_SUFFIX,
-                    prompt_ids=s.prompt_ids + answer[:cut],
-                    response_ids=answer[cut:],
+                    prompt_ids=s.prompt_ids,
+                    response_ids=answers[str(i)],
                     reward=0,
-                    teacher_prompt_ids=s.teacher_prompt_ids + answer[:cut],
+                    teacher_prompt_ids=s.teacher_prompt_ids,
                 )
             )
     return out
