@@ -29,9 +29,10 @@ from __future__ import annotations
 
 # The base's answer per prompt, whole where it ends within this: its end is pulled too. With
 # 32 tokens (the opening alone) `signoff`, whose lesson lives at the answer's end, lost QA as
-# without the term; at 128 no run of that seed did (seed 1: one of four). The cost: each anchor's KL is a mean over its
-# tokens, so the opening's share fell to about a third, and on `inshort` (an opening lesson) QA
-# refusals rose from 1 of 12 runs to 5 (docs/learning.md, "a KL pull toward the base"). Giving
+# without the term; at 128 no run of that seed did (seed 1: one of four). The cost: each
+# anchor's KL is a mean over its tokens, so the opening's share fell to about a third, and on
+# `inshort` (an opening lesson) QA refusals rose from 1 of 12 runs to 5 (docs/learning.md, "a
+# KL pull toward the base"). Giving
 # the first 32 positions their own mean (opening + rest) was tried and not kept (run 5 there):
 # `inshort` a little better, `signoff` and `british` refused as with 32-token anchors.
 ANSWER_TOKENS = 128
