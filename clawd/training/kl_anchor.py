@@ -32,9 +32,9 @@ from __future__ import annotations
 # without the term; at 128 no run of that seed did (seed 1: one of four). The cost: each
 # anchor's KL is a mean over its tokens, so the opening's share fell to about a third, and on
 # `inshort` (an opening lesson) QA refusals rose from 1 of 12 runs to 5 (docs/learning.md, "a
-# KL pull toward the base"). Giving
-# the first 32 positions their own mean (opening + rest) was tried and not kept (run 5 there):
-# `inshort` a little better, `signoff` and `british` refused as with 32-token anchors.
+# KL pull toward the base"). Giving the first 32 positions their own mean (opening + rest) was
+# tried and not kept (run 5 there): `inshort` a little better, `signoff` and `british` refused
+# as with 32-token anchors.
 ANSWER_TOKENS = 128
 PER_STEP = 8  # anchors in each optimizer step, taken in turn: a step costs 8 samples more
 
