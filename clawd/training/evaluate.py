@@ -354,10 +354,10 @@ def turn_end_check(lm, canary: list[Sample], parent: dict, candidate: dict, turn
     text the candidate shows where the parent did not (new_leaks). Leaves the candidate's
     weights in place."""
     answers = {}
+    prompts = [s.prompt_ids for s in canary]
+    never = [lambda _t: False] * len(prompts)
     for name, params in (("parent", parent), ("candidate", candidate)):
         set_lora_params(lm.model, params)
-        prompts = [s.prompt_ids for s in canary]
-        never = [lambda _t: False] * len(prompts)
         batched = batch_greedy_answers(lm, prompts, turn_end, turn_end.max_tokens, never) if prompts else []
         answers[name] = batched if batched is not None else [greedy_answer(lm, p, turn_end) for p in prompts]
     set_lora_params(lm.model, candidate)
