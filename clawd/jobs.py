@@ -2,7 +2,8 @@
 
 Boundary: reads signals, turns and adapter rows; tokenizes through the ServedModel (teacher
 prompts and canaries get the served model's own template and tokenizer, METHOD §1); writes
-nothing but the job file (clawd/training/data.py, the contract with the trainer child).
+nothing: the scheduler writes the job it returns as the job file (clawd/training/data.py,
+the contract with the trainer child).
 The eligibility rule (`usable_turn`) and the hold-out split live here once, so the
 scheduler's count and the job builder always agree.
 """
