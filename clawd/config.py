@@ -42,7 +42,7 @@ def _f(default, help: str, **meta):
 
 @dataclass(frozen=True)
 class ServerSettings:
-    host: str = _f("127.0.0.1", "Address the HTTP API listens on; keep 127.0.0.1 unless you set a token.")
+    host: str = _f("127.0.0.1", "Address the HTTP API listens on; keep 127.0.0.1 unless other machines must reach it.")
     port: int = _f(8757, "TCP port of the HTTP API (0 = any free port).", min=0, max=65535)
     trust_loopback: bool = _f(
         False,
@@ -428,7 +428,7 @@ def _read_toml(config_file: Path, problems: list[str] | None = None) -> dict[str
     try:
         text = config_file.read_text(encoding="utf-8")
     except FileNotFoundError:
-        return {}  # no file = all defaults; `clawd init` writes one
+        return {}  # no file = all defaults; every `clawd` command writes one first (cli._setup)
     except (OSError, UnicodeDecodeError) as e:
         raise ConfigError(f"{config_file}: cannot read config file: {e}") from e
     try:
