@@ -866,7 +866,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("args", nargs=argparse.REMAINDER, help="the benchmark's options (clawd bench NAME --help)")
     s.set_defaults(func=cmd_bench)
 
-    s = sub.add_parser("token", help="print the API bearer token (every client sends it, loopback ones too)")
+    s = sub.add_parser(
+        "token", help="print the API bearer token (loopback clients send it too, unless server.trust_loopback)"
+    )
     s.set_defaults(func=cmd_token)
 
     s = sub.add_parser("connect", help="pull the ratings given in a chat UI (Open WebUI) onto the turns they rate")
