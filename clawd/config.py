@@ -218,9 +218,21 @@ class TrainingSettings:
         min=0,
         max=1024,
     )
+    teacher_endings: int = _f(
+        0,
+        "Also train on the hinted teacher's greedy continuation of each hinted signal's finished "
+        "answer, up to this many tokens (0 = off): after the student's last sentence the teacher "
+        "adds what the hint asks for at the end (a closing 'Cheers') and ends, and distillation "
+        "scores those positions, which no sampled answer reaches. Only a continuation that ends "
+        "within this room trains, with the hint's distillation term only; turns that ended at a "
+        "stop string (the transcript template) get none.",
+        min=0,
+        max=1024,
+    )
     teacher_answers_weight: float = _f(
         1.0,
-        "How much each of the teacher's answers (training.teacher_answers) counts in its batch "
+        "How much each of the teacher's answers (training.teacher_answers) and endings "
+        "(training.teacher_endings) counts in its batch "
         "against a signal's 1, in the gradient and in the batch mean alike: below 1, a smaller step "
         "toward the teacher's own wording; 0 makes no answers at all.",
         min=0.0,

@@ -1,11 +1,13 @@
-"""training.teacher_answers: the hinted teacher's own greedy answer as one more sample (issue 16).
+"""training.teacher_answers: the hinted teacher's own greedy answer as one more sample, and
+training.teacher_endings: its continuation of the student's finished answer (issue 16).
 
-The answer is checked against llama-cpp-python's own greedy decoding of the teacher GGUF in the
+Each is checked against llama-cpp-python's own greedy decoding of the teacher GGUF in the
 hinted context (an independent engine), its place in the training list and its cache, how a
-stop string and an end token are kept, and a daemon run that trains on it."""
+stop string and an end token are kept, and a run that trains on it."""
 
 from __future__ import annotations
 
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import numpy as np
@@ -187,3 +189,109 @@ def test_a_daemon_run_trains_on_the_teacher_answers(clawd_home, models, weight):
         assert rec.metrics["final"]["n_samples"] == 4 + 2 * weight
     finally:
         d.stop()
+
+
+def ended_at(models, monkeypatch) -> tuple[list[Sample], list[int], int]:
+    """samples() where t0 and t1 ended their turn (t1 has no hint) and t2 was cut, with the end
+    token chosen as one the teacher writes a few tokens into its continuation of t0's answer:
+    (those samples, llama-cpp-python's greedy continuation of t0 with no end token, its index)."""
+    from clawd.training.weights import GGUFTokenizer
+
+    train = samples()
+    t0 = train[0]
+    free = llamacpp_greedy(models["teacher"], t0.teacher_prompt_ids + t0.response_ids, ROOM, ())
+    at = next(j for j in range(1, ROOM - 1) if free[j] not in free[:j])
+    end = free[at]
+    monkeypatch.setattr(GGUFTokenizer, "eos_ids", property(lambda _self: frozenset({end})))
+    ended = [replace(s, response_ids=s.response_ids + [end]) for s in train[:2]] + train[2:]
+    return ended, free, at
+
+
+def test_a_finished_answer_is_continued_by_the_teacher_model_in_the_hinted_context(models, tmp_path, monkeypatch):
+    from clawd.training.teacher_answers import endings_pending, is_teacher_answer, with_teacher_endings
+    from clawd.training.weights import load_model
+
+    student, teacher = load_model(models["student"]), load_model(models["teacher"])
+    train, free, at = ended_at(models, monkeypatch)
+    cache = tmp_path / "teacher-endings.json"
+    assert endings_pending(student, train, cache)
+    out = with_teacher_endings(student, train, teacher, ROOM, [], cache, MAX_LEN)
+
+    # t1 ended but has no hint, t2 has a hint but was cut: only t0 is continued
+    assert [s.turn_id for s in out] == ["t0", "t0#teacher-ending", "t1", "t2"]
+    source, ending = out[0], out[1]
+    body = source.response_ids[:-1]  # the student's answer without its end token
+    assert ending.prompt_ids == source.prompt_ids + body
+    assert ending.teacher_prompt_ids == source.teacher_prompt_ids + body
+    assert ending.reward == 0 and is_teacher_answer(ending)  # the OPD term alone, weighted as an answer
+    assert ending.response_ids == free[: at + 1]  # the teacher GGUF's greedy text, ended and holding the end
+
+    # A resumed run reads the cache: the same samples without a teacher to generate with.
+    assert not endings_pending(student, train, cache)
+    assert with_teacher_endings(student, train, None, ROOM, [], cache, MAX_LEN) == out
+
+
+def test_an_ending_follows_the_signals_teacher_answer_and_needs_room(models, tmp_path, monkeypatch):
+    from clawd.training.teacher_answers import with_teacher_endings
+    from clawd.training.weights import load_model
+
+    student, teacher = load_model(models["student"]), load_model(models["teacher"])
+    train, free, at = ended_at(models, monkeypatch)
+    answer = Sample("t0#teacher", train[0].prompt_ids, [9, 9], 0, train[0].teacher_prompt_ids)
+    cache = tmp_path / "e.json"
+    out = with_teacher_endings(student, [train[0], answer, *train[1:]], teacher, ROOM, [], cache, MAX_LEN)
+    assert [s.turn_id for s in out] == ["t0", "t0#teacher", "t0#teacher-ending", "t1", "t2"]
+    assert out[2].response_ids == free[: at + 1]
+
+    # No room left under training.max_tokens once the answer is context: none, and none asked again.
+    full = len(train[0].teacher_prompt_ids) + len(train[0].response_ids) - 1
+    out = with_teacher_endings(student, train, teacher, ROOM, [], tmp_path / "f.json", full)
+    assert [s.turn_id for s in out] == ["t0", "t1", "t2"]
+    assert with_teacher_endings(student, train, None, ROOM, [], tmp_path / "f.json", full) == out
+    # A room that cuts the continuation before its end: none (it would teach running on).
+    out = with_teacher_endings(student, train, teacher, at, [], tmp_path / "g.json", MAX_LEN)
+    assert [s.turn_id for s in out] == ["t0", "t1", "t2"]
+
+
+def test_only_a_continuation_that_ended_trains():
+    from clawd.training.teacher_answers import _ended, finished_body
+
+    end = {9}
+    hinted = Sample("t", [1], [4, 5, 9], -1, [1, 2])
+    assert finished_body(hinted, end) == [4, 5]
+    assert finished_body(replace(hinted, teacher_prompt_ids=None), end) is None  # no hint
+    assert finished_body(replace(hinted, response_ids=[4, 5]), end) is None  # cut, or ended at a stop string
+    assert finished_body(replace(hinted, response_ids=[9]), end) is None  # said nothing
+    assert _ended([7, 9], 4, end) == [7, 9]  # ended at the end token
+    assert _ended([7, 8], 4, end) == [7, 8]  # shorter than its room: a stop string's tokens were dropped
+    assert _ended([7, 8, 7, 8], 4, end) == []  # cut by the room
+    assert _ended([], 4, end) == []
+
+
+def test_prepare_all_makes_the_endings_and_loads_the_teacher_only_while_some_are_missing(
+    models, tmp_path, monkeypatch
+):
+    from clawd.config import TrainingSettings
+    from clawd.training import run
+    from clawd.training.data import Job
+    from clawd.training.weights import load_model
+
+    train, free, at = ended_at(models, monkeypatch)
+    settings = TrainingSettings(teacher="model:teacher", teacher_endings=ROOM, w_opd=1.0)
+    job = Job("j", str(models["student"]), "m", asdict(settings), train=train)
+    job.teacher_model_path = str(models["teacher"])
+    student = load_model(models["student"])
+    run.attach_lora(student, settings, None)
+    loads = []
+    real_load = run.load_teacher
+    monkeypatch.setattr(run, "load_teacher", lambda *a: loads.append(1) or real_load(*a))
+
+    samples, prep, _held = run.prepare_all(student, job, tmp_path, tmp_path / "cache", lambda _i, _n: None)
+    assert [s.turn_id for s in samples] == ["t0", "t0#teacher-ending", "t1", "t2"]
+    assert samples[1].response_ids == free[: at + 1] and len(prep) == 4 and loads == [1]
+    # resumed with everything cached: no teacher; with the endings lost: the teacher again
+    assert run.prepare_all(student, job, tmp_path, tmp_path / "cache", lambda _i, _n: None)[0] == samples
+    assert loads == [1]
+    (tmp_path / "teacher-endings.json").unlink()
+    assert run.prepare_all(student, job, tmp_path, tmp_path / "cache", lambda _i, _n: None)[0] == samples
+    assert loads == [1, 1]

@@ -167,25 +167,40 @@ def prepare_all(
     train_cache, held_cache = job_dir / "prepared.npz", job_dir / "prepared-holdout.npz"
     teacher = cfg.teacher
     separate = teacher.startswith("model:")
-    answers = job_dir / "teacher-answers.json"
-    # Answers carry the OPD term alone: with w_opd = 0, or weighted 0, they would train nothing.
-    answering = cfg.teacher_answers > 0 and cfg.w_opd != 0 and cfg.teacher_answers_weight > 0
+    answers, endings = job_dir / "teacher-answers.json", job_dir / "teacher-endings.json"
+    # Answers and endings carry the OPD term alone: with w_opd = 0, or weighted 0, they would
+    # train nothing.
+    teaching = cfg.w_opd != 0 and cfg.teacher_answers_weight > 0
+    answering, ending = teaching and cfg.teacher_answers > 0, teaching and cfg.teacher_endings > 0
     if separate:
-        from clawd.training.teacher_answers import pending
+        from clawd.training.teacher_answers import endings_pending, pending
 
         prepared = train_cache.exists() and (held_cache.exists() or not job.holdout)
-        if not prepared or (answering and pending(job.train, answers)):
+        if (
+            not prepared
+            or (answering and pending(job.train, answers))
+            or (ending and endings_pending(lm, job.train, endings))
+        ):
             teacher = load_teacher(job, cache_dir)
     samples = job.train
+    stops = job.turn_end.stops if job.turn_end else []
     if answering:
         from clawd.training.teacher_answers import with_teacher_answers
 
         emit("phase", phase="teacher_answers")
-        stops = job.turn_end.stops if job.turn_end else []
         samples = with_teacher_answers(
             lm, job.train, teacher, cfg.teacher_answers, stops, answers, cfg.max_tokens, progress
         )
         emit("teacher_answers", added=len(samples) - len(job.train))
+    if ending:
+        from clawd.training.teacher_answers import with_teacher_endings
+
+        emit("phase", phase="teacher_endings")
+        before = len(samples)
+        samples = with_teacher_endings(
+            lm, samples, teacher, cfg.teacher_endings, stops, endings, cfg.max_tokens, progress
+        )
+        emit("teacher_endings", added=len(samples) - before)
     emit("phase", phase="prepare", samples=len(samples) + (len(job.holdout) if separate else 0))
     prep = prepare(lm, samples, k, train_cache, progress, teacher, cfg.opd_support)
     held = None
@@ -470,7 +485,7 @@ def run(job_dir: Path, cache_dir: Path, out_dir: Path, *, stock_blas: bool = Fal
     from clawd.training.export import mlx_to_gguf, save_mlx_adapter
     from clawd.training.kl_anchor import step_anchors, with_anchors
     from clawd.training.loss import LossWeights
-    from clawd.training.teacher_answers import is_teacher_answer
+    from clawd.training.teacher_answers import ANSWER_SUFFIX, ENDING_SUFFIX, is_teacher_answer
     from clawd.training.weights import load_model
 
     job = read_job(job_dir / "job.json")
@@ -586,7 +601,8 @@ def run(job_dir: Path, cache_dir: Path, out_dir: Path, *, stock_blas: bool = Fal
     metrics = {
         "steps": len(plan),
         "samples": len(job.train),
-        "teacher_answers": len(samples) - len(job.train),
+        "teacher_answers": sum(t.turn_id.endswith(ANSWER_SUFFIX) for t in samples),
+        "teacher_endings": sum(t.turn_id.endswith(ENDING_SUFFIX) for t in samples),
         "anchors": len(anchors),
         "history": history,
         "final": history[-1] if history else {},

@@ -18,6 +18,16 @@ the clip, and the gate judges the result as it judges any adapter. Each answer i
 after the sample it answers (the same batch, unless that sample closes one). Answers are
 cached in the job dir as they are made: a stopped run keeps them, and a resumed one makes only
 the missing ones, or none and then loads no teacher.
+
+training.teacher_endings: the hinted teacher's greedy continuation of the student's own
+finished answer, trained on as one more sample. Why: a preference that closes the answer (a
+sign-off) lives at the positions after the student's last token, and no answer walks them:
+the student's ends there, and the teacher's own answer is other text (trained on its tail,
+the student learned to run on and loop; docs/learning.md run 7). Continued from the student's
+finished answer in the hinted context, the teacher writes what it would add ("\n\nCheers!")
+and ends, so the raised tokens follow what the student writes. Only a continuation that ends
+within its room trains: one cut by the room would teach running on. Prompt and teacher prompt
+both take the student's answer as context, so only the continuation is scored.
 """
 
 from __future__ import annotations
@@ -31,11 +41,14 @@ from clawd.training.data import Sample
 from clawd.training.evaluate import batch_greedy_ids, first_stop, scoring_teacher
 
 ANSWER_SUFFIX = "#teacher"  # turn_id of a teacher answer: its signal's, marked (turn ids are hex)
+ENDING_SUFFIX = ANSWER_SUFFIX + "-ending"  # turn_id of a teacher ending: a teacher answer too
 BATCH = 16  # answers decoded together: the K/V cache grows with rows × the longest prompt
 
 
 def is_teacher_answer(sample: Sample) -> bool:
-    return sample.turn_id.endswith(ANSWER_SUFFIX)
+    """An answer or an ending: text the teacher wrote, trained with the OPD term alone and
+    counted training.teacher_answers_weight times."""
+    return ANSWER_SUFFIX in sample.turn_id
 
 
 def answer_ids(ids: list[int], at_end_token: bool, decode, stops: list[str]) -> list[int]:
@@ -91,20 +104,10 @@ def with_teacher_answers(
 ) -> list[Sample]:
     """`train` with the teacher's answer after each hinted sample. Answers are made BATCH at a
     time, each batch saved to `cache` before `progress(made, total)` (which may raise to stop)."""
-    answers = _read(cache)
-    todo = _missing(train, answers)
-    for b in range(0, len(todo), BATCH):
-        part = todo[b : b + BATCH]
-        fits = [(i, r) for i in part if (r := room_for(train[i], room, max_len)) > 0]
-        made = (
-            generate(lm, [train[i].teacher_prompt_ids for i, _ in fits], teacher, [r for _, r in fits], stops)
-            if fits
-            else []
-        )
-        answers.update({str(i): [] for i in part})  # a sample already at training.max_tokens: none
-        answers.update({str(i): ids for (i, _), ids in zip(fits, made)})
-        _write(cache, answers)
-        progress(min(b + BATCH, len(todo)), len(todo))
+    asks = [
+        (str(i), train[i].teacher_prompt_ids, room_for(train[i], room, max_len)) for i in _missing(train, _read(cache))
+    ]
+    answers = _make(lm, asks, teacher, stops, cache, progress)
     out = []
     for i, s in enumerate(train):
         out.append(s)
@@ -121,9 +124,100 @@ def with_teacher_answers(
     return out
 
 
+def with_teacher_endings(
+    lm,
+    samples: list[Sample],
+    teacher,
+    room: int,
+    stops: list[str],
+    cache: Path,
+    max_len: int,
+    progress: Callable[[int, int], None] = lambda _i, _n: None,
+) -> list[Sample]:
+    """`samples` with the teacher's ending after each hinted signal whose answer ended at an
+    end-of-turn token (and after that signal's teacher answer, if any): the teacher's greedy
+    continuation of the answer, in the hinted context, where it ended within `room`. `lm` is
+    the student (its end-of-turn ids; the teacher shares its vocabulary). Made and cached as
+    the answers are, by turn id."""
+    end_ids = lm.tokenizer.eos_ids
+    signals = {s.turn_id: s for s in samples if not is_teacher_answer(s)}
+    bodies = {key: body for key, s in signals.items() if (body := finished_body(s, end_ids)) is not None}
+    done = _read(cache)
+    asks = [
+        (key, signals[key].teacher_prompt_ids + body, room_for(signals[key], room, max_len - len(body)))
+        for key, body in bodies.items()
+        if key not in done
+    ]
+    endings = _make(lm, asks, teacher, stops, cache, progress, keep=lambda ids, r: _ended(ids, r, end_ids))
+    out: list[Sample] = []
+    for k, s in enumerate(samples):
+        out.append(s)
+        key = s.turn_id.removesuffix(ANSWER_SUFFIX)  # a signal, or the signal a teacher answer answers
+        answer_next = k + 1 < len(samples) and samples[k + 1].turn_id == key + ANSWER_SUFFIX
+        if key in bodies and endings.get(key) and not answer_next:
+            out.append(_ending(signals[key], bodies[key], endings[key]))
+    return out
+
+
+def finished_body(sample: Sample, end_ids) -> list[int] | None:
+    """The student's answer without its end-of-turn token, for a hinted signal whose turn ended
+    with one after some text; None otherwise (cut by its room, ended by a stop string, or empty)."""
+    r = sample.response_ids
+    if sample.teacher_prompt_ids is None or len(r) < 2 or r[-1] not in end_ids:
+        return None
+    return r[:-1]
+
+
+def _ended(ids: list[int], room: int, end_ids) -> list[int]:
+    """`ids` if the continuation ended within its room (at an end token, or shorter than the
+    room: a stop string's tokens were dropped), else []: one cut by the room would teach the
+    student to run on after a finished answer."""
+    return ids if ids and (ids[-1] in end_ids or len(ids) < room) else []
+
+
+def _ending(source: Sample, body: list[int], ids: list[int]) -> Sample:
+    return Sample(
+        turn_id=source.turn_id + ENDING_SUFFIX,
+        prompt_ids=source.prompt_ids + body,
+        response_ids=ids,
+        reward=0,
+        teacher_prompt_ids=source.teacher_prompt_ids + body,
+    )
+
+
+def _make(
+    lm,
+    asks: list[tuple[str, list[int], int]],
+    teacher,
+    stops: list[str],
+    cache: Path,
+    progress: Callable[[int, int], None],
+    keep: Callable[[list[int], int], list[int]] = lambda ids, _room: ids,
+) -> dict[str, list[int]]:
+    """The cache's texts, with the teacher's greedy text made for each ask (key, prompt, room):
+    BATCH at a time, each batch saved to `cache` (what `keep` keeps of each; [] for an ask with
+    no room) before `progress(made, total)`, which may raise to stop."""
+    made = _read(cache)
+    for b in range(0, len(asks), BATCH):
+        part = asks[b : b + BATCH]
+        fits = [a for a in part if a[2] > 0]
+        texts = generate(lm, [p for _, p, _ in fits], teacher, [r for *_, r in fits], stops) if fits else []
+        made.update({key: [] for key, _, _ in part})  # a sample already at training.max_tokens: none
+        made.update({key: keep(ids, r) for (key, _, r), ids in zip(fits, texts)})
+        _write(cache, made)
+        progress(min(b + BATCH, len(asks)), len(asks))
+    return made
+
+
 def pending(train: list[Sample], cache: Path) -> bool:
     """Whether some hinted sample has no answer in `cache` yet (then the teacher must be loaded)."""
     return bool(_missing(train, _read(cache)))
+
+
+def endings_pending(lm, train: list[Sample], cache: Path) -> bool:
+    """Whether some hinted signal whose answer ended has no ending in `cache` yet."""
+    done = _read(cache)
+    return any(s.turn_id not in done for s in train if finished_body(s, lm.tokenizer.eos_ids) is not None)
 
 
 def _missing(train: list[Sample], answers: dict[str, list[int]]) -> list[int]:
