@@ -234,7 +234,7 @@ class TrainingSettings:
         "How much each of the teacher's answers (training.teacher_answers) and endings "
         "(training.teacher_endings) counts in its batch "
         "against a signal's 1, in the gradient and in the batch mean alike: below 1, a smaller step "
-        "toward the teacher's own wording; 0 makes no answers at all.",
+        "toward the teacher's own wording; 0 makes no answers or endings at all.",
         min=0.0,
         max=1.0,
     )

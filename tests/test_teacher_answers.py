@@ -3,10 +3,12 @@ training.teacher_endings: its continuation of the student's finished answer (iss
 
 Each is checked against llama-cpp-python's own greedy decoding of the teacher GGUF in the
 hinted context (an independent engine), its place in the training list and its cache, how a
-stop string and an end token are kept, and a run that trains on it."""
+stop string and an end token are kept; the answers in a daemon run that trains on them, the
+endings in the trainer's prepare phase (the tiny models' turns seldom end at the end token)."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, replace
 from pathlib import Path
 
@@ -193,14 +195,15 @@ def test_a_daemon_run_trains_on_the_teacher_answers(clawd_home, models, weight):
 
 def ended_at(models, monkeypatch) -> tuple[list[Sample], list[int], int]:
     """samples() where t0 and t1 ended their turn (t1 has no hint) and t2 was cut, with the end
-    token chosen as one the teacher writes a few tokens into its continuation of t0's answer:
-    (those samples, llama-cpp-python's greedy continuation of t0 with no end token, its index)."""
+    token chosen as one the teacher writes at least 2 tokens into its continuation of t0's
+    answer: (those samples, llama-cpp-python's greedy continuation of t0 with no end token, the
+    end token's index in it)."""
     from clawd.training.weights import GGUFTokenizer
 
     train = samples()
     t0 = train[0]
     free = llamacpp_greedy(models["teacher"], t0.teacher_prompt_ids + t0.response_ids, ROOM, ())
-    at = next(j for j in range(1, ROOM - 1) if free[j] not in free[:j])
+    at = next(j for j in range(2, ROOM - 1) if free[j] not in free[:j])
     end = free[at]
     monkeypatch.setattr(GGUFTokenizer, "eos_ids", property(lambda _self: frozenset({end})))
     ended = [replace(s, response_ids=s.response_ids + [end]) for s in train[:2]] + train[2:]
@@ -232,6 +235,7 @@ def test_a_finished_answer_is_continued_by_the_teacher_model_in_the_hinted_conte
 
 
 def test_an_ending_follows_the_signals_teacher_answer_and_needs_room(models, tmp_path, monkeypatch):
+    from clawd.training import teacher_answers
     from clawd.training.teacher_answers import with_teacher_endings
     from clawd.training.weights import load_model
 
@@ -243,14 +247,26 @@ def test_an_ending_follows_the_signals_teacher_answer_and_needs_room(models, tmp
     assert [s.turn_id for s in out] == ["t0", "t0#teacher", "t0#teacher-ending", "t1", "t2"]
     assert out[2].response_ids == free[: at + 1]
 
-    # No room left under training.max_tokens once the answer is context: none, and none asked again.
-    full = len(train[0].teacher_prompt_ids) + len(train[0].response_ids) - 1
-    out = with_teacher_endings(student, train, teacher, ROOM, [], tmp_path / "f.json", full)
+    # training.max_tokens bounds prompt, answer and ending together: exactly room for the
+    # ending's at + 1 tokens, it is made; one less, and the room cuts it, so none.
+    t0 = train[0]
+    fits = max(len(t0.prompt_ids), len(t0.teacher_prompt_ids)) + len(t0.response_ids) - 1 + at + 1
+    out = with_teacher_endings(student, train, teacher, ROOM, [], tmp_path / "f.json", fits)
+    assert [s.turn_id for s in out] == ["t0", "t0#teacher-ending", "t1", "t2"]
+    out = with_teacher_endings(student, train, teacher, ROOM, [], tmp_path / "g.json", fits - 1)
     assert [s.turn_id for s in out] == ["t0", "t1", "t2"]
-    assert with_teacher_endings(student, train, None, ROOM, [], tmp_path / "f.json", full) == out
-    # A room that cuts the continuation before its end: none (it would teach running on).
-    out = with_teacher_endings(student, train, teacher, at, [], tmp_path / "g.json", MAX_LEN)
+    # A room that cuts the continuation before its end: none (it would teach running on), kept
+    # as none in the cache so that a resume does not ask again.
+    cache = tmp_path / "h.json"
+    out = with_teacher_endings(student, train, teacher, at, [], cache, MAX_LEN)
     assert [s.turn_id for s in out] == ["t0", "t1", "t2"]
+    assert json.loads(cache.read_text()) == {"t0": []}
+    # With no room at all under training.max_tokens the teacher is not asked.
+    asked = []
+    monkeypatch.setattr(teacher_answers, "generate", lambda lm, part, *a: asked.append(part) or [])
+    none = max(len(t0.prompt_ids), len(t0.teacher_prompt_ids)) + len(t0.response_ids) - 1
+    out = with_teacher_endings(student, train, teacher, ROOM, [], tmp_path / "i.json", none)
+    assert [s.turn_id for s in out] == ["t0", "t1", "t2"] and asked == []
 
 
 def test_only_a_continuation_that_ended_trains():
@@ -268,16 +284,14 @@ def test_only_a_continuation_that_ended_trains():
     assert _ended([], 4, end) == []
 
 
-def test_prepare_all_makes_the_endings_and_loads_the_teacher_only_while_some_are_missing(
-    models, tmp_path, monkeypatch
-):
+def test_prepare_all_makes_the_endings_and_loads_the_teacher_only_while_some_are_missing(models, tmp_path, monkeypatch):
     from clawd.config import TrainingSettings
     from clawd.training import run
     from clawd.training.data import Job
     from clawd.training.weights import load_model
 
     train, free, at = ended_at(models, monkeypatch)
-    settings = TrainingSettings(teacher="model:teacher", teacher_endings=ROOM, w_opd=1.0)
+    settings = TrainingSettings(teacher="model:teacher", teacher_answers=ROOM, teacher_endings=ROOM, w_opd=1.0)
     job = Job("j", str(models["student"]), "m", asdict(settings), train=train)
     job.teacher_model_path = str(models["teacher"])
     student = load_model(models["student"])
@@ -287,8 +301,9 @@ def test_prepare_all_makes_the_endings_and_loads_the_teacher_only_while_some_are
     monkeypatch.setattr(run, "load_teacher", lambda *a: loads.append(1) or real_load(*a))
 
     samples, prep, _held = run.prepare_all(student, job, tmp_path, tmp_path / "cache", lambda _i, _n: None)
-    assert [s.turn_id for s in samples] == ["t0", "t0#teacher-ending", "t1", "t2"]
-    assert samples[1].response_ids == free[: at + 1] and len(prep) == 4 and loads == [1]
+    ids = ["t0", "t0#teacher", "t0#teacher-ending", "t1", "t2", "t2#teacher"]
+    assert [s.turn_id for s in samples] == ids
+    assert samples[2].response_ids == free[: at + 1] and len(prep) == len(ids) and loads == [1]
     # resumed with everything cached: no teacher; with the endings lost: the teacher again
     assert run.prepare_all(student, job, tmp_path, tmp_path / "cache", lambda _i, _n: None)[0] == samples
     assert loads == [1]

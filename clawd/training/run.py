@@ -157,12 +157,14 @@ def prepare_all(
     lm, job, job_dir: Path, cache_dir: Path, progress
 ) -> tuple[list[Sample], list[dict], list[dict] | None]:
     """The samples to train on (job.train, with training.teacher_answers each hinted one
-    followed by the hinted teacher's own answer: clawd/training/teacher_answers.py), run.prepare's
-    views of them, and with a teacher model those of the held-out ones too (None otherwise:
-    the gate computes them itself). All are taken under the parent's weights, as the gate
-    would, so a teacher model is needed only here: it is loaded for this phase (when a resume
-    has not cached its views already) and freed before training, and training's peak memory
-    is the student's alone."""
+    followed by the hinted teacher's own answer, and with training.teacher_endings each hinted
+    one whose turn ended followed, after its answer if any, by the teacher's continuation of it:
+    clawd/training/teacher_answers.py), run.prepare's views of them, and with a teacher model
+    those of the held-out ones too (None otherwise: the gate computes them itself). All are
+    taken under the parent's weights, as the gate would, so a teacher model is needed only
+    here: it is loaded for this phase (when a resume has not cached its views, answers and
+    endings already) and freed before training, and training's peak memory is the student's
+    alone."""
     cfg, k = job.settings, job.top_k
     train_cache, held_cache = job_dir / "prepared.npz", job_dir / "prepared-holdout.npz"
     teacher = cfg.teacher

@@ -48,7 +48,7 @@ BATCH = 16  # answers decoded together: the K/V cache grows with rows × the lon
 def is_teacher_answer(sample: Sample) -> bool:
     """An answer or an ending: text the teacher wrote, trained with the OPD term alone and
     counted training.teacher_answers_weight times."""
-    return ANSWER_SUFFIX in sample.turn_id
+    return sample.turn_id.endswith((ANSWER_SUFFIX, ENDING_SUFFIX))
 
 
 def answer_ids(ids: list[int], at_end_token: bool, decode, stops: list[str]) -> list[int]:
@@ -137,8 +137,8 @@ def with_teacher_endings(
     """`samples` with the teacher's ending after each hinted signal whose answer ended at an
     end-of-turn token (and after that signal's teacher answer, if any): the teacher's greedy
     continuation of the answer, in the hinted context, where it ended within `room`. `lm` is
-    the student (its end-of-turn ids; the teacher shares its vocabulary). Made and cached as
-    the answers are, by turn id."""
+    the student: its end-of-turn ids (the teacher shares its vocabulary), and with `teacher`
+    "base" or "policy" the model that continues. Made and cached as the answers are, by turn id."""
     end_ids = lm.tokenizer.eos_ids
     signals = {s.turn_id: s for s in samples if not is_teacher_answer(s)}
     bodies = {key: body for key, s in signals.items() if (body := finished_body(s, end_ids)) is not None}
@@ -149,12 +149,13 @@ def with_teacher_endings(
         if key not in done
     ]
     endings = _make(lm, asks, teacher, stops, cache, progress, keep=lambda ids, r: _ended(ids, r, end_ids))
+    # Each ending goes after the last sample of its signal: the signal, or its teacher answer.
+    last = {s.turn_id.removesuffix(ANSWER_SUFFIX): k for k, s in enumerate(samples)}
     out: list[Sample] = []
     for k, s in enumerate(samples):
         out.append(s)
-        key = s.turn_id.removesuffix(ANSWER_SUFFIX)  # a signal, or the signal a teacher answer answers
-        answer_next = k + 1 < len(samples) and samples[k + 1].turn_id == key + ANSWER_SUFFIX
-        if key in bodies and endings.get(key) and not answer_next:
+        key = s.turn_id.removesuffix(ANSWER_SUFFIX)
+        if last[key] == k and key in bodies and endings.get(key):
             out.append(_ending(signals[key], bodies[key], endings[key]))
     return out
 
