@@ -105,7 +105,9 @@ def with_teacher_answers(
     """`train` with the teacher's answer after each hinted sample. Answers are made BATCH at a
     time, each batch saved to `cache` before `progress(made, total)` (which may raise to stop)."""
     asks = [
-        (str(i), train[i].teacher_prompt_ids, room_for(train[i], room, max_len)) for i in _missing(train, _read(cache))
+        (str(i), s.teacher_prompt_ids, room_for(s, room, max_len))
+        for i, s in enumerate(train)
+        if s.teacher_prompt_ids is not None
     ]
     answers = _make(lm, asks, teacher, stops, cache, progress)
     out = []
@@ -142,11 +144,9 @@ def with_teacher_endings(
     end_ids = lm.tokenizer.eos_ids
     signals = {s.turn_id: s for s in samples if not is_teacher_answer(s)}
     bodies = {key: body for key, s in signals.items() if (body := finished_body(s, end_ids)) is not None}
-    done = _read(cache)
     asks = [
         (key, signals[key].teacher_prompt_ids + body, room_for(signals[key], room, max_len - len(body)))
         for key, body in bodies.items()
-        if key not in done
     ]
     endings = _make(lm, asks, teacher, stops, cache, progress, keep=lambda ids, r: _ended(ids, r, end_ids))
     # Each ending goes after the last sample of its signal: the signal, or its teacher answer.
@@ -195,10 +195,11 @@ def _make(
     progress: Callable[[int, int], None],
     keep: Callable[[list[int], int], list[int]] = lambda ids, _room: ids,
 ) -> dict[str, list[int]]:
-    """The cache's texts, with the teacher's greedy text made for each ask (key, prompt, room):
-    BATCH at a time, each batch saved to `cache` (what `keep` keeps of each; [] for an ask with
-    no room) before `progress(made, total)`, which may raise to stop."""
+    """The cache's texts, with the teacher's greedy text made for each ask (key, prompt, room)
+    the cache does not hold yet: BATCH at a time, each batch saved to `cache` (what `keep` keeps
+    of each; [] for an ask with no room) before `progress(made, total)`, which may raise to stop."""
     made = _read(cache)
+    asks = [a for a in asks if a[0] not in made]
     for b in range(0, len(asks), BATCH):
         part = asks[b : b + BATCH]
         fits = [a for a in part if a[2] > 0]
